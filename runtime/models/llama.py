@@ -1,0 +1,136 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM) over the paged KV pool.
+
+The forward pass runs on a *flattened* batch of sequences of different lengths
+(:class:`~runtime.forward_batch.ForwardBatch`); every layer writes its new K/V into the pool
+and attends through page tables via the attention backend. There is no per-request cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from runtime.attention.base import AttentionBackend
+from runtime.forward_batch import ForwardBatch
+from runtime.kv_pool import KVPool
+from runtime.model_loader import ModelLoadError
+from runtime.models.config import LlamaConfig
+from runtime.models.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.nh * self.hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+        self.scale = self.hd ** -0.5
+
+    def forward(self, x, batch: ForwardBatch, rope: RotaryEmbedding, pool: KVPool,
+                backend: AttentionBackend):
+        T = x.shape[0]                                          # x: [T, hidden]
+        q = self.q_proj(x).view(T, self.nh, self.hd)
+        k = self.k_proj(x).view(T, self.nkv, self.hd)
+        v = self.v_proj(x).view(T, self.nkv, self.hd)
+        q, k = rope.apply(q, batch.positions), rope.apply(k, batch.positions)
+        backend.store_kv(pool, self.layer, k, v, batch)
+        o = backend.attend(q, pool, self.layer, batch, self.scale)  # [T, nh, hd]
+        return self.o_proj(o.reshape(T, self.nh * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer: int):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, batch, rope, pool, backend):
+        x = x + self.self_attn(self.input_layernorm(x), batch, rope, pool, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Decoder stack + LM head. ``forward`` returns logits ``[N, V]`` for ``batch.logits_indices``."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                    cfg.rope_scaling)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend) -> torch.Tensor:
+        x = self.embed_tokens(batch.input_ids)                  # [T, hidden]
+        for layer in self.layers:
+            x = layer(x, batch, self.rope, pool, backend)
+        x = self.norm(x[batch.logits_indices])                  # [N, hidden]
+        return self.lm_head(x).float()                          # [N, V]
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> "LlamaModel":
+        """Load HF-format safetensors weights (names as in ``LlamaForCausalLM``)."""
+        path = Path(path)
+        cfg = LlamaConfig.from_dir(path)
+        with torch.device("meta"):
+            model = cls(cfg)
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted(path.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    key = name.removeprefix("model.")
+                    if "rotary_emb" in key:
+                        continue
+                    state[key] = f.get_tensor(name).to(dtype)
+        if "lm_head.weight" not in state:
+            if not cfg.tie_word_embeddings and "embed_tokens.weight" not in state:
+                raise ModelLoadError(f"{path}: no lm_head.weight and no embeddings to tie")
+            state["lm_head.weight"] = state["embed_tokens.weight"]
+        expected = set(model.state_dict().keys())
+        missing = expected - set(state)
+        if missing:
+            raise ModelLoadError(f"{path}: weights missing for {sorted(missing)[:5]} ...")
+        model.load_state_dict({k: state[k] for k in expected}, strict=True, assign=True)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+        model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                     cfg.rope_scaling).to(torch.device(device))
+        return model.to(device).eval()

@@ -1,0 +1,50 @@
+"""Rotary position embeddings (HF "rotate half" layout) with linear and llama3 scaling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """Inverse frequencies ``[head_dim/2]`` (float32), scaled as the config asks."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv
+    if scaling["rope_type"] == "linear":
+        return inv / float(scaling["factor"])
+    # llama3: long wavelengths are slowed by `factor`, short ones kept, smooth ramp between.
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_ctx = float(scaling["original_max_position_embeddings"])
+    low_wl, high_wl = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    mid = (1 - smooth) * scaled / factor + smooth * scaled
+    is_mid = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+    return torch.where(is_mid, mid, scaled)
+
+
+class RotaryEmbedding:
+    """Precomputed cos/sin table ``[max_pos, head_dim]`` in float32."""
+
+    def __init__(self, head_dim: int, max_pos: int, theta: float, scaling: dict | None):
+        inv = rope_inv_freq(head_dim, theta, scaling)
+        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)  # [max_pos, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos, self.sin = emb.cos(), emb.sin()
+        self.max_pos = max_pos
+
+    def to(self, device: torch.device) -> "RotaryEmbedding":
+        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        return self
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, H, D]; positions: [T] -> rotated x, same dtype."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin

@@ -1,0 +1,120 @@
+"""Per-request state inside the engine.
+
+A :class:`RequestGroup` is what a caller submitted (one prompt, ``n`` completions); each
+completion is a :class:`Request` with its own tokens, page table, generator and grammar matcher.
+The prompt is computed once by the first request; at its first sample it forks the page table
+(copy-on-write) into the other ``n - 1`` siblings.
+
+Token bookkeeping of a request: ``all_ids = prompt_ids + output_ids``; the first
+``num_computed`` of them have K/V in the pool. Each step runs ``all_ids[num_computed:]``
+(or a chunk of it); a decode is the case of exactly one uncomputed token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.detokenizer import OutputText
+from runtime.outputs import CompletionOutput, RequestOutput, StreamDelta
+from runtime.sampler import TokenLogprob
+from runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class RequestGroup:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    namespace: tuple
+    sink: Callable[[StreamDelta], None] | None = None
+    prefill_only: bool = False            # score / cache_prefix: no sampling
+    logprob_start: int | None = None      # first prompt position whose logprob is wanted
+    children: list["Request"] = field(default_factory=list)
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    cached_tokens: int = 0
+    prompt_logprobs: list[float | None] | None = None
+    error: str | None = None
+    on_finish: Callable[["RequestGroup"], None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.children) and all(c.finish_reason is not None for c in self.children)
+
+    def output(self) -> RequestOutput:
+        outs = [c.completion() for c in sorted(self.children, key=lambda c: c.index)]
+        end = self.finish_time or time.perf_counter()
+        meta = {
+            "prompt_tokens": len(self.prompt_ids),
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": sum(len(o.token_ids) for o in outs),
+            "ttft_s": None if self.first_token_time is None else self.first_token_time - self.arrival,
+            "latency_s": end - self.arrival,
+            "forward_passes_saved": sum(c.passes_saved for c in self.children),
+            "preemptions": sum(c.preemptions for c in self.children),
+        }
+        return RequestOutput(self.rid, list(self.prompt_ids), outs, meta,
+                             self.prompt_logprobs, self.error)
+
+
+@dataclass
+class Request:
+    group: RequestGroup
+    index: int
+    out: OutputText
+    generator: torch.Generator | None
+    matcher: object | None = None
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    page_table: object | None = None       # runtime.page_table.PageTable while admitted
+    lock_node: object | None = None        # radix node locked while admitted
+    admit_seq: int = -1                    # admission order (preemption picks the newest)
+    wait_steps: int = 0                    # steps spent waiting (fairness bound)
+    finish_reason: str | None = None
+    matched_stop: str | int | None = None
+    logprobs: list[TokenLogprob] | None = None
+    passes_saved: int = 0
+    preemptions: int = 0
+    sent_tokens: int = 0                   # output tokens already streamed
+    sent_logprobs: int = 0
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.group.params
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.group.prompt_ids
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.group.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.group.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    def completion(self) -> CompletionOutput:
+        return CompletionOutput(self.index, self.out.text, list(self.output_ids),
+                                self.finish_reason, self.matched_stop,
+                                None if self.logprobs is None else list(self.logprobs))
+
+    def take_delta(self) -> StreamDelta:
+        final = self.finish_reason is not None
+        new_ids = self.output_ids[self.sent_tokens:]
+        self.sent_tokens = len(self.output_ids)
+        lps = None
+        if self.logprobs is not None:
+            lps = self.logprobs[self.sent_logprobs:]
+            self.sent_logprobs = len(self.logprobs)
+        return StreamDelta(self.group.rid, self.index, self.out.take_delta(final), new_ids,
+                           final, None, lps)

@@ -1,0 +1,103 @@
+"""Token sampling for one step: penalties, bans, grammar masks, greedy / temperature / top-k /
+top-p / min-p, per-request seeded generators, and logprobs.
+
+Rows are independent: a row's result depends only on its own logits, parameters and generator,
+never on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from runtime.sampling_params import SamplingParams
+
+
+class TokenLogprob(NamedTuple):
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]   # top-k alternatives (token_id, logprob), best first
+
+
+@dataclass
+class RowSpec:
+    """What the sampler needs to know about one row of logits."""
+
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    prompt_ids: Sequence[int] = ()
+    output_ids: Sequence[int] = ()
+    banned_ids: Sequence[int] = ()     # e.g. EOS while min_tokens is not reached
+    matcher: object | None = None      # grammar matcher (runtime.grammar) or None
+    logprobs: int | None = None        # top-k alternatives wanted, None = no logprobs
+    extra: dict = field(default_factory=dict)
+
+
+def apply_penalties(logits: torch.Tensor, spec: RowSpec) -> None:
+    """In place on one row ``[V]``: repetition (prompt+output), frequency/presence (output)."""
+    p = spec.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(spec.prompt_ids) | set(spec.output_ids)), dtype=torch.long)
+        if seen.numel():
+            vals = logits[seen]
+            logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty,
+                                       vals * p.repetition_penalty)
+    if (p.frequency_penalty or p.presence_penalty) and spec.output_ids:
+        ids, counts = torch.tensor(list(spec.output_ids), dtype=torch.long).unique(return_counts=True)
+        logits[ids] -= p.frequency_penalty * counts.to(logits.dtype) + p.presence_penalty
+
+
+def filter_probs(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """top-k, top-p, min-p on one row of probabilities ``[V]``; returns renormalized probs."""
+    if p.top_k > 0 and p.top_k < probs.shape[0]:
+        kth = torch.topk(probs, p.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, 0.0)
+    if p.top_p < 1.0:
+        sp, idx = probs.sort(descending=True)
+        cum = sp.cumsum(0)
+        keep = (cum - sp) < p.top_p * cum[-1]   # always keeps the most likely token
+        probs = torch.zeros_like(probs).scatter_(0, idx, torch.where(keep, sp, 0.0))
+    if p.min_p > 0.0:
+        probs = torch.where(probs >= p.min_p * probs.max(), probs, 0.0)
+    return probs / probs.sum()
+
+
+def top_logprobs(logprobs: torch.Tensor, token: int, k: int) -> TokenLogprob:
+    """Chosen token's logprob plus the top-k alternatives of one row ``[V]``."""
+    top: list[tuple[int, float]] = []
+    if k > 0:
+        vals, ids = torch.topk(logprobs, k)
+        top = list(zip(ids.tolist(), vals.tolist()))
+    return TokenLogprob(token, float(logprobs[token]), top)
+
+
+def sample(logits: torch.Tensor, specs: Sequence[RowSpec]) -> tuple[list[int], list[TokenLogprob | None]]:
+    """Pick one token per row. logits: [N, V] float32 (modified in place)."""
+    assert logits.shape[0] == len(specs)
+    raw_lp = None
+    if any(s.logprobs is not None for s in specs):
+        raw_lp = torch.log_softmax(logits, dim=-1)            # [N, V] model distribution
+    matchers = [s.matcher for s in specs]
+    for i, s in enumerate(specs):
+        apply_penalties(logits[i], s)
+        if s.banned_ids:
+            logits[i, list(s.banned_ids)] = float("-inf")
+    if any(m is not None for m in matchers):
+        from runtime.grammar.mask import apply_grammar_masks
+
+        apply_grammar_masks(logits, matchers)
+    tokens = logits.argmax(dim=-1).tolist()                   # greedy for every row first
+    for i, s in enumerate(specs):
+        if s.params.greedy:
+            continue
+        probs = torch.softmax(logits[i] / s.params.temperature, dim=-1)
+        probs = filter_probs(probs, s.params)
+        tokens[i] = int(torch.multinomial(probs, 1, generator=s.generator).item())
+    lps: list[TokenLogprob | None] = [
+        None if s.logprobs is None else top_logprobs(raw_lp[i], tokens[i], s.logprobs)
+        for i, s in enumerate(specs)
+    ]
+    return tokens, lps
