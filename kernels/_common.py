@@ -1,0 +1,151 @@
+"""Shared checks for the kernel wrappers: what a launch needs before it touches memory.
+
+Every wrapper validates its arguments on the host (shapes, dtypes, devices, strides) and, when
+asked, the index ranges held in its metadata tensors (one device sync), and raises ``ValueError``
+naming the argument and what was expected. A kernel is only launched on tensors it cannot read
+out of bounds.
+
+The kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter, which is chosen
+when a ``@triton.jit`` function is *defined*: ``TRITON_INTERPRET=1`` must be in the environment
+before :mod:`kernels` is first imported.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.runtime.interpreter import InterpretedFunction
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+PRECISIONS = ("auto", "fp32", "native")
+
+
+def is_interpreted(kernel) -> bool:
+    """True when ``kernel`` was defined under ``TRITON_INTERPRET=1`` (runs on CPU tensors)."""
+    return isinstance(kernel, InterpretedFunction)
+
+
+def check_launchable(kernel, device: torch.device) -> None:
+    """Refuse a launch the current setup cannot run, with a message that says why."""
+    if is_interpreted(kernel):
+        if device.type != "cpu":
+            raise ValueError(
+                f"kernels were imported under TRITON_INTERPRET=1 and run on CPU tensors; got {device}"
+            )
+        return
+    if device.type != "cuda":
+        raise ValueError(
+            f"Triton kernels need CUDA tensors, got tensors on {device}. To run them on CPU, set "
+            "TRITON_INTERPRET=1 in the environment before `kernels` is first imported."
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError("Triton kernels need a CUDA device, and torch sees none")
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    ndim: int,
+    dtypes: tuple[torch.dtype, ...],
+    device: torch.device | None,
+    contiguous: bool = False,
+) -> torch.Tensor:
+    """Check rank, dtype and device of ``t`` (any device when ``device`` is None); its last dim
+    must be unit-stride (all of it contiguous when ``contiguous``)."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} (like the first argument), got {t.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+    if t.numel() > 0 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have unit stride in its last dim, got strides {t.stride()}")
+    return t
+
+
+def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def check_head_dims(q_heads: int, kv_heads: int, head_dim: int) -> int:
+    """Validate the head layout; returns the GQA group size (query heads per KV head)."""
+    if kv_heads < 1 or q_heads % kv_heads != 0:
+        raise ValueError(
+            f"query heads ({q_heads}) must be a multiple of the cache's KV heads ({kv_heads})"
+        )
+    if not 1 <= head_dim <= 256:
+        raise ValueError(f"head_dim must be in [1, 256], got {head_dim}")
+    return q_heads // kv_heads
+
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    p = minimum
+    while p < n:
+        p *= 2
+    return p
+
+
+def use_fp32_dot(precision: str, kernel, *dtypes: torch.dtype) -> bool:
+    """Whether the attention dots run on fp32 operands (``input_precision="ieee"``).
+
+    ``auto``: fp32 under the interpreter (its bf16 arithmetic is not faithful), for fp32 inputs
+    and for mixed input dtypes; otherwise the dots take fp16/bf16 operands (tensor cores) and
+    accumulate in fp32. ``native`` forces the latter for fp16/bf16, ``fp32`` the former.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    mixed = len(set(dtypes)) > 1 or torch.float32 in dtypes
+    if precision == "fp32" or mixed:
+        return True
+    if precision == "native":
+        return False
+    return is_interpreted(kernel)
+
+
+def range_error(name: str, lo: int, hi: int, lo_ok: int, hi_ok: int) -> str | None:
+    """Message when observed values ``[lo, hi]`` leave the allowed ``[lo_ok, hi_ok]``."""
+    if lo < lo_ok or hi > hi_ok:
+        return f"{name} must lie in [{lo_ok}, {hi_ok}], got values in [{lo}, {hi}]"
+    return None
+
+
+def check_ranges(checks: list[tuple[str, torch.Tensor, int, int]]) -> None:
+    """Check ``lo_ok <= values <= hi_ok`` for every ``(name, values, lo_ok, hi_ok)``.
+
+    All minima and maxima are gathered with a single device-to-host copy (one sync).
+    """
+    checks = [c for c in checks if c[1].numel() > 0]
+    if not checks:
+        return
+    stats = torch.stack(
+        [s for _, v, _, _ in checks for s in (v.min().long(), v.max().long())]
+    ).tolist()
+    for i, (name, _, lo_ok, hi_ok) in enumerate(checks):
+        msg = range_error(name, stats[2 * i], stats[2 * i + 1], lo_ok, hi_ok)
+        if msg is not None:
+            raise ValueError(msg)
+
+
+def page_table_checks(
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_pages: int,
+    page_size: int,
+    min_seq_len: int = 1,
+) -> list[tuple[str, torch.Tensor, int, int]]:
+    """Range checks making every page-table read in bounds: ``min_seq_len <= seq_lens <=
+    max_pages * page_size`` and the entries covering each sequence are page ids in
+    ``[0, num_pages)``."""
+    max_pages = page_table.shape[1]
+    n_used = (seq_lens.long() + page_size - 1) // page_size                   # [B]
+    cols = torch.arange(max_pages, device=page_table.device)
+    used = cols[None, :] < n_used[:, None]                                    # [B, max_pages]
+    entries = torch.where(used, page_table.long(), 0)
+    return [
+        ("seq_lens", seq_lens, min_seq_len, max_pages * page_size),
+        ("page_table entries covering seq_lens", entries, 0, num_pages - 1),
+    ]

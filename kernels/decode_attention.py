@@ -1,0 +1,273 @@
+"""Paged decode attention: one query token per sequence over its whole context, read through
+the page table (PagedAttention), split along the context (flash-decoding).
+
+Stage 1 runs one program per (sequence, KV head, split): it loads the group of query heads that
+share the KV head once, walks its share of the context in blocks of ``BLOCK_N`` tokens (each
+token's page looked up in the page table) with an online softmax, and writes a partial output
+and its log-sum-exp. Stage 2 merges the splits. With one split, stage 1 writes the output
+directly and stage 2 is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import (
+    FLOAT_DTYPES,
+    check_head_dims,
+    check_launchable,
+    check_ranges,
+    check_shape,
+    check_tensor,
+    next_pow2,
+    page_table_checks,
+    use_fp32_dot,
+)
+
+LOG2E = 1.4426950408889634
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+
+
+@triton.jit
+def _decode_stage1(
+    Q, K, V, PageTable, SeqLens, Out, MidO, MidLse,
+    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    stride_qb, stride_qh,
+    stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh,
+    stride_pt,
+    stride_ob, stride_oh,
+    stride_mb, stride_mh, stride_ms,
+    stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(SeqLens + b)
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_h = offs_h < GROUP
+    mask_d = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_h                                              # [BLOCK_H]
+
+    q = tl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_h[:, None] & mask_d[None, :], other=0.0,
+    ).to(tl.float32)                                                          # [BLOCK_H, BLOCK_D]
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + offs_n                                                       # [BLOCK_N]
+        mask_n = n < end
+        page = tl.load(PageTable + b * stride_pt + n // PAGE_SIZE, mask=mask_n, other=0)
+        page = page.to(tl.int64)
+        k_off = page * stride_kp + (n % PAGE_SIZE) * stride_ks + kvh * stride_kh
+        v_off = page * stride_vp + (n % PAGE_SIZE) * stride_vs + kvh * stride_vh
+        kt = tl.load(
+            K + k_off[None, :] + offs_d[:, None],
+            mask=mask_n[None, :] & mask_d[:, None], other=0.0,
+        ).to(tl.float32)                                                      # [BLOCK_D, BLOCK_N]
+        if DOT_F32:
+            qk = tl.dot(q, kt, input_precision="ieee")
+        else:
+            qk = tl.dot(q.to(Q.dtype.element_ty), kt.to(Q.dtype.element_ty))
+        qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))          # [BLOCK_H, BLOCK_N]
+
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            V + v_off[:, None] + offs_d[None, :],
+            mask=mask_n[:, None] & mask_d[None, :], other=0.0,
+        ).to(tl.float32)                                                      # [BLOCK_N, BLOCK_D]
+        if DOT_F32:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(Q.dtype.element_ty), v.to(Q.dtype.element_ty))
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    # An empty split (short sequence) leaves l_i == 0: it writes o = 0 and lse = -inf.
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    mask_hd = mask_h[:, None] & mask_d[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(
+            Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            o.to(Out.dtype.element_ty), mask=mask_hd,
+        )
+    else:
+        tl.store(
+            MidO + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms + offs_d[None, :],
+            o, mask=mask_hd,
+        )
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        tl.store(MidLse + b * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_stage2(
+    MidO, MidLse, Out,
+    stride_mb, stride_mh, stride_ms,
+    stride_lb, stride_lh,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < NUM_SPLITS
+    mask_d = offs_d < HEAD_DIM
+    lse = tl.load(MidLse + b * stride_lb + h * stride_lh + offs_s, mask=mask_s,
+                  other=float("-inf"))                                        # [BLOCK_S]
+    o = tl.load(
+        MidO + b * stride_mb + h * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :], other=0.0,
+    )                                                                         # [BLOCK_S, BLOCK_D]
+    w = tl.exp2(lse - tl.max(lse, 0))  # split 0 is never empty, so the max is finite
+    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty),
+             mask=mask_d)
+
+
+def choose_num_splits(max_seq_len: int, batch: int, kv_heads: int, num_sms: int) -> int:
+    """Splits per sequence: enough programs for ~4 waves over ``num_sms`` multiprocessors,
+    but never under ``MIN_TOKENS_PER_SPLIT`` context tokens per split, at most ``MAX_SPLITS``."""
+    by_len = -(-max_seq_len // MIN_TOKENS_PER_SPLIT)
+    by_fill = -(-4 * num_sms // max(1, batch * kv_heads))
+    return max(1, min(by_len, by_fill, MAX_SPLITS))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    check_indices: bool = True,
+    precision: str = "auto",
+) -> torch.Tensor:
+    """Attention of one query token per sequence over its paged context.
+
+    q: [B, Hq, D]; k_cache, v_cache: [P, S, Hkv, D] (Hq % Hkv == 0); page_table: [B, max_pages]
+    int32, row b's first ceil(seq_lens[b]/S) entries are the pages of sequence b in order;
+    seq_lens: [B] int32, 1 <= seq_lens[b] <= max_pages*S. Returns ``out`` [B, Hq, D] (allocated
+    in q's dtype when not given). ``max_seq_len`` (host int, >= every seq_len) avoids a device
+    sync when choosing ``num_splits``; ``check_indices=False`` skips the range checks of
+    ``page_table``/``seq_lens`` (one sync) for callers that validated the same metadata already.
+    """
+    check_tensor("q", q, 3, FLOAT_DTYPES, None)
+    dev = q.device
+    B, Hq, D = q.shape
+    check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, dev)
+    check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, dev)
+    P, S, Hkv, Dk = k_cache.shape
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache dtype {v_cache.dtype} must match k_cache dtype {k_cache.dtype}")
+    if Dk != D:
+        raise ValueError(f"q head_dim {D} must match the cache's head_dim {Dk}")
+    group = check_head_dims(Hq, Hkv, D)
+    check_tensor("page_table", page_table, 2, (torch.int32,), dev, contiguous=True)
+    if page_table.shape[0] != B:
+        raise ValueError(f"page_table must have {B} rows (one per query), got {page_table.shape[0]}")
+    check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev, contiguous=True)
+    check_shape("seq_lens", seq_lens, (B,))
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    check_tensor("out", out, 3, FLOAT_DTYPES, dev)
+    check_shape("out", out, (B, Hq, D))
+    if not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be a finite float, got {sm_scale!r}")
+    check_launchable(_decode_stage1, dev)
+    if B == 0:
+        return out
+    if check_indices:
+        check_ranges(page_table_checks(page_table, seq_lens, P, S))
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    if num_splits is None:
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+        num_splits = choose_num_splits(max_seq_len, B, Hkv, sms)
+    if not 1 <= num_splits <= 1024:
+        raise ValueError(f"num_splits must be in [1, 1024], got {num_splits}")
+
+    block_d = next_pow2(D, 16)
+    dot_f32 = use_fp32_dot(precision, _decode_stage1, q.dtype, k_cache.dtype)
+    if num_splits > 1:
+        mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=dev)
+        mid_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=dev)
+    else:  # stage 1 writes `out` directly; the mid buffers are not touched
+        mid_o = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
+        mid_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)
+    _decode_stage1[(B, Hkv, num_splits)](
+        q, k_cache, v_cache, page_table, seq_lens, out, mid_o, mid_lse,
+        float(sm_scale) * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0),
+        out.stride(0), out.stride(1),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=group, HEAD_DIM=D, PAGE_SIZE=S, NUM_SPLITS=num_splits,
+        BLOCK_H=next_pow2(group, 16), BLOCK_N=64 if block_d <= 128 else 32,
+        BLOCK_D=block_d, DOT_F32=dot_f32,
+        num_warps=4, num_stages=2,
+    )
+    if num_splits > 1:
+        _decode_stage2[(B, Hq)](
+            mid_o, mid_lse, out,
+            mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+            mid_lse.stride(0), mid_lse.stride(1),
+            out.stride(0), out.stride(1),
+            HEAD_DIM=D, NUM_SPLITS=num_splits,
+            BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return out
+
+
+def decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """float64 reference of :func:`decode_attention`: [B, Hq, D] float64."""
+    B, Hq, D = q.shape
+    S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty(B, Hq, D, dtype=torch.float64, device=q.device)
+    for b in range(B):
+        n = int(seq_lens[b])
+        pages = page_table[b, : -(-n // S)].long()
+        k = k_cache[pages].flatten(0, 1)[:n].double().repeat_interleave(Hq // Hkv, dim=1)
+        v = v_cache[pages].flatten(0, 1)[:n].double().repeat_interleave(Hq // Hkv, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[b].double(), k) * sm_scale   # [Hq, n]
+        out[b] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
+    return out

@@ -1,0 +1,243 @@
+"""Paged extend (prefill) attention: the new tokens of many sequences in one launch.
+
+Sequence ``b`` has ``prefix_lens[b]`` tokens cached and appends the ``q_start_loc[b+1] -
+q_start_loc[b]`` new tokens whose queries are rows ``q_start_loc[b]:q_start_loc[b+1]`` of ``q``;
+their K/V are already stored in the pool. New token ``i`` (absolute position
+``prefix_lens[b] + i``) attends to every context token at a position ``<=`` its own, all read
+through the page table. Serves prefill, chunked prefill, prefix-cache hits and mixed batches
+(a decode is an extend of one token).
+
+One program per (query block of ``BLOCK_M`` new tokens, query head, sequence) runs a
+FlashAttention-style loop over key blocks with an online softmax.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import (
+    FLOAT_DTYPES,
+    check_head_dims,
+    check_launchable,
+    check_ranges,
+    check_shape,
+    check_tensor,
+    is_interpreted,
+    next_pow2,
+    page_table_checks,
+    use_fp32_dot,
+)
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _extend_kernel(
+    Q, K, V, PageTable, QStartLoc, PrefixLens, SeqLens, Out,
+    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    stride_qt, stride_qh,
+    stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh,
+    stride_pt,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    mblk = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    kvh = h // GROUP
+
+    q_start = tl.load(QStartLoc + b)
+    ext_len = tl.load(QStartLoc + b + 1) - q_start
+    prefix = tl.load(PrefixLens + b)
+    seq_len = tl.load(SeqLens + b)
+    m0 = mblk * BLOCK_M
+    if m0 < ext_len:
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_m = offs_m < ext_len
+        mask_d = offs_d < HEAD_DIM
+        rows = (q_start + offs_m).to(tl.int64)
+        q = tl.load(
+            Q + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+            mask=mask_m[:, None] & mask_d[None, :], other=0.0,
+        ).to(tl.float32)                                                      # [BLOCK_M, BLOCK_D]
+        q_pos = prefix + offs_m                                               # [BLOCK_M]
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        # Keys past the block's last query are masked for every row; the first key block
+        # always holds a key visible to every row (key 0 or the block's own first position).
+        hi = tl.minimum(seq_len, prefix + m0 + BLOCK_M)
+        for n0 in range(0, hi, BLOCK_N):
+            n = n0 + offs_n                                                   # [BLOCK_N]
+            mask_n = n < hi
+            page = tl.load(PageTable + b * stride_pt + n // PAGE_SIZE, mask=mask_n, other=0)
+            page = page.to(tl.int64)
+            k_off = page * stride_kp + (n % PAGE_SIZE) * stride_ks + kvh * stride_kh
+            v_off = page * stride_vp + (n % PAGE_SIZE) * stride_vs + kvh * stride_vh
+            kt = tl.load(
+                K + k_off[None, :] + offs_d[:, None],
+                mask=mask_n[None, :] & mask_d[:, None], other=0.0,
+            ).to(tl.float32)                                                  # [BLOCK_D, BLOCK_N]
+            if DOT_F32:
+                qk = tl.dot(q, kt, input_precision="ieee")
+            else:
+                qk = tl.dot(q.to(Q.dtype.element_ty), kt.to(Q.dtype.element_ty))
+            visible = mask_n[None, :] & (n[None, :] <= q_pos[:, None])        # [BLOCK_M, BLOCK_N]
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                V + v_off[:, None] + offs_d[None, :],
+                mask=mask_n[:, None] & mask_d[None, :], other=0.0,
+            ).to(tl.float32)                                                  # [BLOCK_N, BLOCK_D]
+            if DOT_F32:
+                pv = tl.dot(p, v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(Q.dtype.element_ty), v.to(Q.dtype.element_ty))
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        o = acc / l_i[:, None]
+        tl.store(
+            Out + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+            o.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :],
+        )
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    q_start_loc: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    max_extend_len: int | None = None,
+    check_indices: bool = True,
+    precision: str = "auto",
+) -> torch.Tensor:
+    """Causal attention of the new tokens of every sequence over its paged context.
+
+    q: [T, Hq, D] (new tokens of all sequences, concatenated); k_cache, v_cache: [P, S, Hkv, D]
+    holding every context token, the new ones included; page_table: [B, max_pages] int32;
+    q_start_loc: [B+1] int32 (0 = q_start_loc[0] <= ... <= q_start_loc[B] = T);
+    prefix_lens, seq_lens: [B] int32 with seq_lens = prefix_lens + extend lengths
+    <= max_pages*S. Returns ``out`` [T, Hq, D] (allocated in q's dtype when not given).
+    ``max_extend_len`` (host int, >= every extend length) avoids a device sync;
+    ``check_indices=False`` skips the metadata range checks (one sync).
+    """
+    check_tensor("q", q, 3, FLOAT_DTYPES, None)
+    dev = q.device
+    T, Hq, D = q.shape
+    check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, dev)
+    check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, dev)
+    P, S, Hkv, Dk = k_cache.shape
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache dtype {v_cache.dtype} must match k_cache dtype {k_cache.dtype}")
+    if Dk != D:
+        raise ValueError(f"q head_dim {D} must match the cache's head_dim {Dk}")
+    group = check_head_dims(Hq, Hkv, D)
+    check_tensor("page_table", page_table, 2, (torch.int32,), dev, contiguous=True)
+    B = page_table.shape[0]
+    check_tensor("q_start_loc", q_start_loc, 1, (torch.int32,), dev, contiguous=True)
+    check_shape("q_start_loc", q_start_loc, (B + 1,))
+    check_tensor("prefix_lens", prefix_lens, 1, (torch.int32,), dev, contiguous=True)
+    check_shape("prefix_lens", prefix_lens, (B,))
+    check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev, contiguous=True)
+    check_shape("seq_lens", seq_lens, (B,))
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    check_tensor("out", out, 3, FLOAT_DTYPES, dev)
+    check_shape("out", out, (T, Hq, D))
+    if not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be a finite float, got {sm_scale!r}")
+    check_launchable(_extend_kernel, dev)
+    if B == 0 or T == 0:
+        return out
+    ext = q_start_loc[1:] - q_start_loc[:-1]                                  # [B]
+    if check_indices:
+        check_ranges(
+            [
+                ("q_start_loc[0]", q_start_loc[:1], 0, 0),
+                ("q_start_loc[B]", q_start_loc[-1:], T, T),
+                ("q_start_loc[b+1] - q_start_loc[b]", ext, 0, T),
+                ("prefix_lens", prefix_lens, 0, page_table.shape[1] * S),
+                ("seq_lens - prefix_lens - (q_start_loc[b+1] - q_start_loc[b])",
+                 seq_lens - prefix_lens - ext, 0, 0),
+            ]
+            + page_table_checks(page_table, seq_lens, P, S, min_seq_len=0)
+        )
+    if max_extend_len is None:
+        max_extend_len = int(ext.max())
+    if max_extend_len <= 0:
+        return out
+
+    block_d = next_pow2(D, 16)
+    if is_interpreted(_extend_kernel):
+        block_m, block_n, warps = 32, 32, 4
+    else:
+        block_m, block_n, warps = (128, 64, 4) if block_d <= 64 else (128, 64, 8)
+        if block_d > 128:
+            block_m, block_n = 64, 32
+    grid = (triton.cdiv(max_extend_len, block_m), Hq, B)
+    _extend_kernel[grid](
+        q, k_cache, v_cache, page_table, q_start_loc, prefix_lens, seq_lens, out,
+        float(sm_scale) * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, HEAD_DIM=D, PAGE_SIZE=S,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        DOT_F32=use_fp32_dot(precision, _extend_kernel, q.dtype, k_cache.dtype),
+        num_warps=warps, num_stages=2,
+    )
+    return out
+
+
+def extend_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    q_start_loc: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """float64 reference of :func:`extend_attention`: [T, Hq, D] float64."""
+    T, Hq, D = q.shape
+    S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty(T, Hq, D, dtype=torch.float64, device=q.device)
+    starts = q_start_loc.tolist()
+    for b in range(page_table.shape[0]):
+        s, e, p0, n = starts[b], starts[b + 1], int(prefix_lens[b]), int(seq_lens[b])
+        if e == s:
+            continue
+        pages = page_table[b, : -(-n // S)].long()
+        k = k_cache[pages].flatten(0, 1)[:n].double().repeat_interleave(Hq // Hkv, dim=1)
+        v = v_cache[pages].flatten(0, 1)[:n].double().repeat_interleave(Hq // Hkv, dim=1)
+        scores = torch.einsum("thd,nhd->htn", q[s:e].double(), k) * sm_scale  # [Hq, e-s, n]
+        q_pos = torch.arange(p0, p0 + e - s, device=q.device)
+        visible = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out[s:e] = torch.einsum("htn,nhd->thd", scores.softmax(-1), v)
+    return out

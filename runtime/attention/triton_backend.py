@@ -1,0 +1,79 @@
+"""Paged attention with the Triton kernels of :mod:`kernels` (the GPU path).
+
+Takes the same :class:`~runtime.forward_batch.ForwardBatch` as the torch backend. Decode steps
+(one new token per sequence) use the split-KV decode kernel; every other step, mixed ones
+included, uses the extend kernel. The index ranges of a batch's metadata (page table, sequence
+lengths, slots) are checked once per batch and pool, with one device sync, not once per layer.
+Runs on CPU only under the Triton interpreter (``TRITON_INTERPRET=1`` before import).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import copy_pages, decode_attention, extend_attention, store_kv
+from kernels._common import check_ranges, page_table_checks
+from runtime.forward_batch import ForwardBatch
+from runtime.kv_pool import KVPool
+
+
+class TritonAttentionBackend:
+    name = "triton"
+
+    def __init__(self) -> None:
+        # The (batch, pool) whose metadata ranges were checked last; held by reference, so the
+        # identity test cannot match a different, newer object.
+        self._checked: tuple[ForwardBatch, KVPool] | None = None
+
+    def _check_batch(self, pool: KVPool, batch: ForwardBatch) -> None:
+        if self._checked is not None and self._checked[0] is batch and self._checked[1] is pool:
+            return
+        S, P = batch.page_size, pool.num_pages
+        if S != pool.page_size:
+            raise ValueError(f"batch.page_size {S} differs from the pool's page_size {pool.page_size}")
+        ext = batch.q_start_loc[1:] - batch.q_start_loc[:-1]
+        check_ranges(
+            [
+                ("batch.slot_mapping", batch.slot_mapping, 0, P * S - 1),
+                ("batch.q_start_loc[0]", batch.q_start_loc[:1], 0, 0),
+                ("batch.q_start_loc[B]", batch.q_start_loc[-1:], batch.num_tokens, batch.num_tokens),
+                ("batch.seq_lens - batch.prefix_lens - extend lengths",
+                 batch.seq_lens - batch.prefix_lens - ext, 0, 0),
+                ("batch.prefix_lens", batch.prefix_lens, 0, batch.page_table.shape[1] * S),
+            ]
+            + page_table_checks(batch.page_table, batch.seq_lens, P, S)
+        )
+        self._checked = (batch, pool)
+
+    def store_kv(
+        self, pool: KVPool, layer: int, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> None:
+        # k, v: [T, Hkv, D]
+        self._check_batch(pool, batch)
+        store_kv(k, v, pool.k_cache(layer), pool.v_cache(layer), batch.slot_mapping,
+                 check_indices=False)
+
+    def attend(
+        self, q: torch.Tensor, pool: KVPool, layer: int, batch: ForwardBatch, scale: float
+    ) -> torch.Tensor:
+        # q: [T, Hq, D] -> [T, Hq, D]
+        self._check_batch(pool, batch)
+        kc, vc = pool.k_cache(layer), pool.v_cache(layer)
+        if batch.is_decode:
+            return decode_attention(
+                q, kc, vc, batch.page_table, batch.seq_lens, scale,
+                max_seq_len=max(batch.seq_lens_list), check_indices=False,
+            )
+        return extend_attention(
+            q, kc, vc, batch.page_table, batch.q_start_loc, batch.prefix_lens, batch.seq_lens,
+            scale, max_extend_len=max(batch.extend_lens_list), check_indices=False,
+        )
+
+    def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:
+        if len(src) != len(dst):
+            raise ValueError("copy_pages: src and dst differ in length")
+        if not src:
+            return
+        s = torch.tensor(src, dtype=torch.int64, device=pool.device)
+        d = torch.tensor(dst, dtype=torch.int64, device=pool.device)
+        copy_pages(pool.buffer, s, d)

@@ -1,0 +1,115 @@
+"""Decode and extend attention kernels vs their float64 references, under the interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import make_case, rel_err
+
+from kernels import (
+    choose_num_splits,
+    decode_attention,
+    decode_attention_ref,
+    extend_attention,
+    extend_attention_ref,
+)
+
+# (seq_lens, page_size, q_heads, kv_heads, head_dim, num_splits)
+DECODE_CASES = [
+    ([1, 37, 100], 16, 4, 4, 64, None),       # GQA 1, length 1, non-multiples of the page size
+    ([45, 1, 18], 1, 9, 3, 64, 3),            # page size 1, GQA 3 (SmolLM2 heads)
+    ([70, 33], 32, 8, 2, 128, 4),             # GQA 4, head_dim 128
+    ([5, 64, 17], 16, 8, 1, 64, 2),           # MQA (GQA 8)
+    ([130], 16, 6, 2, 128, 8),                # more splits, some of them empty
+    ([3, 2], 32, 4, 1, 64, 7),                # splits >> tokens: most splits empty
+    ([50, 9], 16, 6, 2, 80, 2),               # head_dim 80 (padded to 128)
+    ([90, 1, 31, 64], 16, 12, 4, 64, None),   # default split choice
+]
+
+
+@pytest.mark.parametrize("seq_lens,S,hq,hkv,D,splits", DECODE_CASES)
+def test_decode_matches_float64_reference(seq_lens, S, hq, hkv, D, splits):
+    c = make_case(seq_lens, [1] * len(seq_lens), S, hq, hkv, D, seed=len(seq_lens) * S + D)
+    out = torch.full_like(c.q, float("nan"))
+    args = (c.q, c.k_cache, c.v_cache, c.page_table, c.seq_lens, c.scale)
+    decode_attention(*args, out=out, num_splits=splits)
+    assert rel_err(out, decode_attention_ref(*args)) <= 1e-5
+
+
+# (seq_lens, extend_lens, page_size, q_heads, kv_heads, head_dim)
+EXTEND_CASES = [
+    ([7, 6, 57], [7, 1, 40], 16, 4, 4, 64),     # prefill, decode row, prefix-cache hit
+    ([53, 1], [50, 1], 1, 9, 3, 64),            # page size 1, GQA 3
+    ([34, 70], [1, 70], 32, 8, 2, 128),         # GQA 4, head_dim 128
+    ([40, 19], [33, 2], 16, 8, 1, 64),          # MQA, extends crossing query blocks
+    ([49], [33], 16, 6, 2, 80),                 # head_dim 80 (padded to 128)
+]
+
+
+@pytest.mark.parametrize("seq_lens,ext,S,hq,hkv,D", EXTEND_CASES)
+def test_extend_matches_float64_reference(seq_lens, ext, S, hq, hkv, D):
+    c = make_case(seq_lens, ext, S, hq, hkv, D, seed=sum(seq_lens) + S)
+    out = torch.full_like(c.q, float("nan"))
+    args = (c.q, c.k_cache, c.v_cache, c.page_table, c.q_start_loc, c.prefix_lens, c.seq_lens,
+            c.scale)
+    extend_attention(*args, out=out)
+    assert rel_err(out, extend_attention_ref(*args)) <= 1e-5
+
+
+def test_extend_zero_length_sequence_and_strided_q():
+    # q is a head slice of a fused [T, Hq+2Hkv, D] projection (row stride != Hq*D);
+    # the middle sequence appends nothing this step.
+    c = make_case([20, 9, 12], [20, 0, 3], 16, 4, 2, 64, seed=7)
+    fused = torch.randn(c.q.shape[0], 8, 64)
+    fused[:, :4] = c.q
+    q = fused[:, :4]
+    out = torch.full_like(c.q, float("nan"))
+    args = (q, c.k_cache, c.v_cache, c.page_table, c.q_start_loc, c.prefix_lens, c.seq_lens,
+            c.scale)
+    extend_attention(*args, out=out)
+    assert rel_err(out, extend_attention_ref(*args)) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_upcast(dtype):
+    # fp16/bf16 inputs are upcast after each load: with an fp32 output the only error left is
+    # fp32 arithmetic; with an output in the input dtype, one rounding of the result.
+    c = make_case([33, 1, 17], [1, 1, 1], 16, 8, 2, 64, dtype=dtype, seed=3)
+    args = (c.q, c.k_cache, c.v_cache, c.page_table, c.seq_lens, c.scale)
+    ref = decode_attention_ref(*args)
+    out32 = torch.full(c.q.shape, float("nan"), dtype=torch.float32)
+    decode_attention(*args, out=out32, num_splits=2)
+    assert rel_err(out32, ref) <= 1e-5
+    out = decode_attention(*args)
+    assert out.dtype == dtype
+    assert rel_err(out, ref) <= torch.finfo(dtype).eps
+
+    e = make_case([40, 9], [25, 9], 16, 8, 2, 64, dtype=dtype, seed=4)
+    eargs = (e.q, e.k_cache, e.v_cache, e.page_table, e.q_start_loc, e.prefix_lens, e.seq_lens,
+             e.scale)
+    out32 = torch.full(e.q.shape, float("nan"), dtype=torch.float32)
+    extend_attention(*eargs, out=out32)
+    assert rel_err(out32, extend_attention_ref(*eargs)) <= 1e-5
+
+
+def test_native_fp16_dots():
+    # The GPU path for fp16/bf16: dot operands in the input dtype, fp32 accumulation; the
+    # probabilities are rounded to fp16 before P@V, so the error is of fp16 size.
+    c = make_case([50, 3], [1, 1], 16, 8, 2, 64, dtype=torch.float16, seed=5)
+    args = (c.q, c.k_cache, c.v_cache, c.page_table, c.seq_lens, c.scale)
+    out = torch.full(c.q.shape, float("nan"), dtype=torch.float32)
+    decode_attention(*args, out=out, num_splits=2, precision="native")
+    assert rel_err(out, decode_attention_ref(*args)) <= 2e-3
+    e = make_case([40, 9], [25, 9], 16, 8, 2, 64, dtype=torch.float16, seed=6)
+    eargs = (e.q, e.k_cache, e.v_cache, e.page_table, e.q_start_loc, e.prefix_lens, e.seq_lens,
+             e.scale)
+    out = torch.full(e.q.shape, float("nan"), dtype=torch.float32)
+    extend_attention(*eargs, out=out, precision="native")
+    assert rel_err(out, extend_attention_ref(*eargs)) <= 2e-3
+
+
+def test_choose_num_splits():
+    assert choose_num_splits(100, 1, 8, num_sms=132) == 1          # short context: no split
+    assert choose_num_splits(32768, 1, 8, num_sms=132) == 64        # one long sequence: capped
+    assert choose_num_splits(4096, 256, 8, num_sms=132) == 1        # batch fills the device
+    assert choose_num_splits(4096, 4, 8, num_sms=132) == 16         # 4 waves of 132 SMs
