@@ -45,6 +45,13 @@ class OutputText:
         self.matched_stop = s
         return s
 
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (jump-forward retokenization rolls back the tail)."""
+        self.ids = self.ids[:n]
+        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special)
+        self.matched_stop = None
+        self._sent = min(self._sent, len(self.text))
+
     def take_delta(self, final: bool = False) -> str:
         """New text since the last call that can no longer change."""
         end = len(self.text)

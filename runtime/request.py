@@ -41,6 +41,8 @@ class RequestGroup:
     prompt_logprobs: list[float | None] | None = None
     error: str | None = None
     on_finish: Callable[["RequestGroup"], None] | None = None
+    grammar: object | None = None         # Future[CompiledGrammar] while compiling, then it
+    final_sent: bool = False
 
     @property
     def finished(self) -> bool:

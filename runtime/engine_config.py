@@ -1,0 +1,53 @@
+"""Engine settings, validated at engine start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "default"
+    dtype: str = "float32"
+    device: str = "cpu"
+    page_size: int = 16
+    kv_budget_mb: float | None = None     # default: 512 MB on CPU, 40% of free memory on GPU
+    num_pages: int | None = None          # overrides kv_budget_mb
+    kv_dtype: str = "auto"
+    max_batch_tokens: int = 2048
+    max_running: int = 64
+    max_wait_steps: int = 64
+    attention_backend: str = "auto"
+    grammar_backend: str = "xgrammar"
+    enable_prefix_cache: bool = True
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ValueError(f"page_size must be a power of two in [1, 128], got {self.page_size!r}")
+        for name in ("max_batch_tokens", "max_running", "max_wait_steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.kv_budget_mb is not None and not self.kv_budget_mb > 0:
+            raise ValueError(f"kv_budget_mb must be > 0, got {self.kv_budget_mb!r}")
+        if self.num_pages is not None and (not isinstance(self.num_pages, int) or self.num_pages < 2):
+            raise ValueError(f"num_pages must be an integer >= 2, got {self.num_pages!r}")
+        if self.grammar_backend not in ("xgrammar", "outlines"):
+            raise ValueError(
+                f"grammar_backend must be 'xgrammar' or 'outlines', got {self.grammar_backend!r}"
+            )
+        try:
+            torch.device(self.device)
+        except RuntimeError as e:
+            raise ValueError(f"device: {e}") from None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

@@ -1,0 +1,41 @@
+"""ModelRunner: turns one step's scheduled items into batch metadata and runs the model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from runtime.attention.base import AttentionBackend
+from runtime.forward_batch import ForwardBatch, build_forward_batch
+from runtime.kv_pool import KVPool
+from runtime.models.llama import LlamaModel
+from runtime.scheduler import ScheduledItem
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, pool: KVPool, backend: AttentionBackend):
+        self.model = model
+        self.pool = pool
+        self.backend = backend
+        self.tokens_run = 0
+        self.forward_passes = 0
+
+    def build_batch(self, items: Sequence[ScheduledItem]) -> ForwardBatch:
+        """Metadata of one step, built once and shared by every layer."""
+        return build_forward_batch(
+            [it.tokens for it in items],
+            [it.start for it in items],
+            [it.req.page_table.pages for it in items],
+            self.pool.page_size,
+            logits_rows=[it.logits_rows for it in items],
+            device=self.pool.device,
+        )
+
+    def run(self, items: Sequence[ScheduledItem]) -> torch.Tensor:
+        """Runs the step; returns logits ``[sum(len(it.logits_rows)), V]`` in item order."""
+        batch = self.build_batch(items)
+        logits = self.model(batch, self.pool, self.backend)
+        self.tokens_run += batch.num_tokens
+        self.forward_passes += 1
+        return logits

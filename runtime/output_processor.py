@@ -1,0 +1,265 @@
+"""Processing one step's logits: commit KV, prompt logprobs, sampling, n>1 forks, stop
+conditions, jump-forward, finishing and streaming deltas. Runs on the thread that steps."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+import torch
+
+from runtime.detokenizer import OutputText
+from runtime.request import Request, RequestGroup
+from runtime.sampler import RowSpec, sample
+from runtime.scheduler import ScheduledItem
+
+if TYPE_CHECKING:
+    from runtime.engine import Engine
+
+
+class OutputProcessor:
+    def __init__(self, engine: "Engine"):
+        self.e = engine
+
+    # ---- intake -----------------------------------------------------------------------
+    def prepare(self, group: RequestGroup) -> None:
+        """Validate and start compiling the group's constraint (caller thread)."""
+        p = group.params
+        if not p.has_constraint:
+            return
+        from runtime.grammar.constraints import constraint_from_params
+
+        c = constraint_from_params(json_schema=p.json_schema, regex=p.regex, choices=p.choices,
+                                   grammar=p.grammar, value_type=p.value_type,
+                                   json_indent=p.json_indent)
+        group.grammar = self.e.grammar_cache().submit(c)
+
+    def new_request(self, group: RequestGroup, index: int) -> Request:
+        p = group.params
+        matcher = None
+        if group.grammar is not None:
+            matcher = group.grammar.result().new_matcher()
+        return Request(group, index,
+                       OutputText(self.e.tokenizer, p.stop, p.include_stop_str_in_output,
+                                  p.skip_special_tokens),
+                       self.e.new_generator(p.seed, index), matcher,
+                       logprobs=[] if p.logprobs is not None else None)
+
+    def add(self, group: RequestGroup) -> None:
+        self.e._groups[group.rid] = group
+        self.e.counters["prompt_tokens"] += len(group.prompt_ids)
+        if isinstance(group.grammar, Future) and not group.grammar.done():
+            self.e._pending_grammar.append(group)
+        else:
+            self._start(group)
+
+    def admit_ready_grammars(self) -> None:
+        for g in [g for g in self.e._pending_grammar if g.grammar.done()]:
+            self.e._pending_grammar.remove(g)
+            self._start(g)
+
+    def _start(self, group: RequestGroup) -> None:
+        try:
+            req = self.new_request(group, 0)
+        except Exception as exc:  # grammar compilation failed
+            req = Request(group, 0, OutputText(self.e.tokenizer), None)
+            group.children.append(req)
+            self.finish(req, "abort", error=f"constraint: {exc}")
+            return
+        group.children.append(req)
+        self.e.scheduler.add(req)
+
+    # ---- the step's outputs ---------------------------------------------------------------
+    def process(self, items: Sequence[ScheduledItem], logits: torch.Tensor) -> None:
+        touched: list[Request] = []
+        sample_reqs: list[Request] = []
+        sample_rows: list[int] = []
+        row = 0
+        for it in items:
+            req = it.req
+            req.page_table.commit(len(it.tokens))
+            req.num_computed += len(it.tokens)
+            rows = range(row, row + len(it.logits_rows))
+            row += len(it.logits_rows)
+            if req.group.logprob_start is not None:
+                self._prompt_logprobs(it, logits[rows.start:rows.stop])
+            if len(it.tokens) > 1 and it.start < len(req.prompt_ids):
+                self.e.scheduler.cache_computed(req)
+            if not it.completes:
+                continue
+            touched.append(req)
+            if req.group.prefill_only:
+                self.finish(req, "stop")
+                continue
+            for r in self._fork_if_first_sample(req):
+                sample_reqs.append(r)
+                sample_rows.append(rows.stop - 1)
+                touched.append(r)
+        if sample_reqs:
+            specs = [self._spec(r) for r in sample_reqs]
+            rows_t = torch.tensor(sample_rows, dtype=torch.long)
+            tokens, lps = sample(logits.index_select(0, rows_t), specs)
+            for r, tok, lp in zip(sample_reqs, tokens, lps):
+                self._append(r, tok, lp)
+        self._emit(touched)
+
+    def _prompt_logprobs(self, it: ScheduledItem, logits: torch.Tensor) -> None:
+        g = it.req.group
+        if g.prompt_logprobs is None:
+            g.prompt_logprobs = [None] * len(g.prompt_ids)
+        lp = torch.log_softmax(logits, dim=-1)
+        for i, r in enumerate(it.logits_rows):
+            pos = it.start + r + 1               # row p predicts token p + 1
+            if pos < len(g.prompt_ids) and pos >= g.logprob_start:
+                g.prompt_logprobs[pos] = float(lp[i, g.prompt_ids[pos]])
+
+    def _fork_if_first_sample(self, req: Request) -> list[Request]:
+        g = req.group
+        if g.params.n == 1 or req.output_ids or len(g.children) > 1:
+            return [req]
+        tables = req.page_table.fork(g.params.n - 1)
+        siblings = []
+        for i, table in enumerate(tables, start=1):
+            sib = self.new_request(g, i)
+            sib.page_table, sib.num_computed = table, req.num_computed
+            if req.lock_node is not None:
+                self.e.cache.lock(req.lock_node)
+                sib.lock_node = req.lock_node
+            g.children.append(sib)
+            self.e.scheduler.adopt_running(sib)
+            siblings.append(sib)
+        return [req] + siblings
+
+    def _spec(self, req: Request) -> RowSpec:
+        p = req.params
+        banned: list[int] = []
+        if len(req.output_ids) < p.min_tokens:
+            banned = sorted(self.e.eos_ids | set(p.stop_token_ids))
+        return RowSpec(p, req.generator, req.prompt_ids, req.output_ids, banned, req.matcher,
+                       p.logprobs)
+
+    def _append(self, req: Request, tok: int, lp) -> None:
+        g = req.group
+        if g.first_token_time is None:
+            g.first_token_time = time.perf_counter()
+        req.output_ids.append(tok)
+        if req.logprobs is not None:
+            req.logprobs.append(lp)
+        self.e.counters["generated_tokens"] += 1
+        stop = req.out.append(tok)
+        if req.matcher is not None:
+            accepted = req.matcher.accept_token(tok)
+            assert accepted, f"grammar rejected sampled token {tok}"
+        if self._check_finish(req, tok, stop):
+            return
+        if req.matcher is not None and req.params.jump_forward and req.logprobs is None:
+            self._jump_forward(req)
+
+    def _check_finish(self, req: Request, tok: int | None, stop: str | None) -> bool:
+        p = req.params
+        if stop is not None:
+            self.finish(req, "stop", stop)
+        elif tok is not None and tok in self.e.eos_ids and not p.ignore_eos:
+            self.finish(req, "stop", tok)
+        elif tok is not None and tok in p.stop_token_ids:
+            self.finish(req, "stop", tok)
+        elif req.matcher is not None and req.matcher.is_terminated():
+            self.finish(req, "stop")
+        elif len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.e.max_context:
+            self.finish(req, "length")
+        else:
+            return False
+        return True
+
+    def _jump_forward(self, req: Request) -> None:
+        """Append the grammar's forced continuation as tokens (computed in one extend step),
+        retokenizing the output tail so the token sequence stays canonical."""
+        forced = req.matcher.jump_forward_text()
+        if not forced:
+            return
+        tok = self.e.tokenizer
+        old = req.output_ids
+        new = tok.encode(tok.decode(old, skip_special_tokens=False) + forced,
+                         add_special_tokens=False)
+        k = len(os.path.commonprefix([old, new]))
+        if len(new) <= len(old):
+            return
+        if k < len(old):
+            req.matcher.rollback(len(old) - k)
+            del req.output_ids[k:]
+            req.out.truncate(k)
+            req.sent_tokens = min(req.sent_tokens, k)
+            keep = len(req.prompt_ids) + k
+            if req.num_computed > keep:
+                req.page_table.truncate(keep)
+                req.num_computed = keep
+        added = new[k:]
+        req.passes_saved += len(added) - (len(old) - k)
+        for i, t in enumerate(added):
+            req.output_ids.append(t)
+            stop = req.out.append(t)
+            accepted = req.matcher.accept_token(t)
+            assert accepted, "grammar rejected its own jump-forward text"
+            if self._check_finish(req, None, stop):
+                return
+
+    # ---- finishing ----------------------------------------------------------------------
+    def finish(self, req: Request, reason: str, matched=None, error: str | None = None) -> None:
+        if req.finish_reason is not None:
+            return
+        req.finish_reason, req.matched_stop = reason, matched
+        self.e.scheduler.remove(req)
+        g = req.group
+        if error:
+            g.error = error
+        if g.finished:
+            g.finish_time = time.perf_counter()
+            self.e.counters["requests_finished"] += 1
+            self.e._groups.pop(g.rid, None)
+            if g in self.e._pending_grammar:
+                self.e._pending_grammar.remove(g)
+            self._emit([req])
+            if g.on_finish is not None:
+                g.on_finish(g)
+
+    def abort(self, rid: str) -> None:
+        g = self.e._groups.get(rid)
+        if g is None:
+            return
+        if not g.children:                     # still compiling its grammar
+            self._start_aborted(g)
+        for r in list(g.children):
+            self.finish(r, "abort")
+
+    def _start_aborted(self, g: RequestGroup) -> None:
+        if g in self.e._pending_grammar:
+            self.e._pending_grammar.remove(g)
+        g.children.append(Request(g, 0, OutputText(self.e.tokenizer), None))
+
+    def fail_all(self, message: str) -> None:
+        for rid in list(self.e._groups):
+            g = self.e._groups[rid]
+            g.error = message
+            self.abort(rid)
+
+    def _emit(self, reqs: Sequence[Request]) -> None:
+        """Send each touched completion's new text; a finished group sends every pending
+        delta of its children and then carries the final output on its last delta."""
+        groups: dict[int, tuple[RequestGroup, list[Request]]] = {}
+        for req in reqs:
+            if req.group.sink is not None and not req.group.final_sent:
+                groups.setdefault(id(req.group), (req.group, []))[1].append(req)
+        for g, touched in groups.values():
+            children = g.children if g.finished else list(dict.fromkeys(touched))
+            deltas = [c.take_delta() for c in children]
+            deltas = [d for d in deltas if d.text or d.token_ids or d.finished]
+            if g.finished:
+                if not deltas:
+                    deltas = [g.children[-1].take_delta()]
+                deltas[-1].output = g.output()
+                g.final_sent = True
+            for d in deltas:
+                g.sink(d)

@@ -1,0 +1,237 @@
+"""Continuous-batching scheduler: admission, chunked prefill, page reservation, preemption.
+
+Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_batch_tokens``:
+
+1. every running request with uncomputed tokens, oldest admission first — decodes cost one
+   token, an unfinished (chunked) prefill takes what budget is left;
+2. waiting requests, longest cached prefix first (cache-aware), except that a request that has
+   waited ``max_wait_steps`` steps goes first (fairness bound), up to ``max_running``.
+   A waiting request whose not-yet-cached prompt overlaps a prefill in flight waits one more
+   step, so a shared prefix is computed once and then matched from the cache.
+
+Out of pages: evict from the radix cache, then preempt the most recently admitted running
+request (its computed KV goes into the cache, it is requeued and recomputed later). A request
+is never dropped; one that cannot fit even alone ends with ``finish_reason="length"``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from runtime.page_allocator import OutOfPagesError, PageAllocator
+from runtime.page_table import PageTable, PageTableStats
+from runtime.radix_cache import RadixCache
+from runtime.request import Request
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    page_size: int = 16
+    max_batch_tokens: int = 2048
+    max_running: int = 64
+    max_wait_steps: int = 64
+    min_shared_prefix: int = 32   # tokens of in-flight overlap that make a request wait a step
+
+
+class ScheduledItem(NamedTuple):
+    req: Request
+    start: int            # num_computed before this step
+    tokens: list[int]     # tokens run now (all_ids[start : start + len(tokens)])
+    logits_rows: list[int]  # offsets within ``tokens`` whose logits are needed
+
+    @property
+    def completes(self) -> bool:
+        """The chunk reaches the end of the request's tokens (a sample follows)."""
+        return self.start + len(self.tokens) == self.req.num_tokens
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, allocator: PageAllocator, cache: RadixCache,
+                 copy_fn: Callable[[list[int], list[int]], None],
+                 on_preempt: Callable[[Request], None] | None = None):
+        self.cfg = cfg
+        self.allocator = allocator
+        self.cache = cache
+        self.copy_fn = copy_fn
+        self.table_stats = PageTableStats()
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.preemptions = 0
+        self._admit_counter = 0
+        self.on_preempt = on_preempt
+        self.failed: list[Request] = []   # requests that cannot fit even alone (engine finishes them)
+
+    # ---- queue -------------------------------------------------------------------------
+    def add(self, req: Request, front: bool = False) -> None:
+        (self.waiting.appendleft if front else self.waiting.append)(req)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out of the queues and release everything it holds."""
+        if req in self.running:
+            self.running.remove(req)
+            self.release(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- pages -------------------------------------------------------------------------
+    def release(self, req: Request) -> None:
+        """Hand the request's computed KV to the radix cache and unlock its prefix."""
+        if req.page_table is not None:
+            computed = req.all_ids[: req.num_computed]
+            pages = req.page_table.detach()
+            self.cache.release_into_cache(computed, pages, req.group.namespace)
+            req.page_table = None
+        if req.lock_node is not None:
+            self.cache.unlock(req.lock_node)
+            req.lock_node = None
+
+    def cache_computed(self, req: Request) -> None:
+        """Insert the computed full pages of a running request into the tree (so others can
+        match its prefix now) and move its lock to the deepest cached node."""
+        ps = self.cfg.page_size
+        n = req.num_computed // ps * ps
+        if n == 0 or not self.cache.enabled:
+            return
+        pages = req.page_table.pages[: n // ps]
+        tokens = req.all_ids[:n]
+        self.allocator.incref(pages)               # the tree's own reference
+        cached = self.cache.insert(tokens, pages, req.group.namespace)
+        self.allocator.decref(pages[: cached // ps])
+        node = self.cache.match_prefix(tokens, req.group.namespace, record=False).node
+        self.cache.lock(node)
+        if req.lock_node is not None:
+            self.cache.unlock(req.lock_node)
+        req.lock_node = node
+
+    def _reserve(self, req: Request, n: int, can_preempt: bool) -> bool:
+        """Reserve pages for ``n`` more tokens of ``req``: evict from the cache, then (if
+        allowed) preempt the most recently admitted running request — possibly ``req``
+        itself. False if ``req`` got no pages (then it may have been preempted)."""
+        while True:
+            try:
+                req.page_table.reserve(n, self.copy_fn)
+                return True
+            except OutOfPagesError:
+                need = -(-(req.page_table.num_tokens + n) // self.cfg.page_size) \
+                    - len(req.page_table.pages) + 1
+                if self.cache.evict(max(need - self.allocator.num_free, 1)) > 0:
+                    continue
+                if not can_preempt or len(self.running) <= 1:
+                    return False
+                victim = max(self.running, key=lambda r: r.admit_seq)
+                self.preempt(victim)
+                if victim is req:
+                    return False
+
+    def adopt_running(self, req: Request) -> None:
+        """Add an already-placed request (an n>1 sibling forked from a running one)."""
+        self._admit_counter += 1
+        req.admit_seq = self._admit_counter
+        self.running.append(req)
+
+    def preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.release(req)
+        req.num_computed = 0
+        req.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(req)
+        if self.on_preempt is not None:
+            self.on_preempt(req)
+
+    # ---- the step ----------------------------------------------------------------------
+    def schedule(self) -> list[ScheduledItem]:
+        budget = self.cfg.max_batch_tokens
+        items: list[ScheduledItem] = []
+        for req in sorted(self.running, key=lambda r: r.admit_seq):
+            if req not in self.running or req.num_uncomputed == 0 or budget == 0:
+                continue
+            n = min(req.num_uncomputed, budget)
+            if not self._reserve(req, n, can_preempt=True):
+                if req in self.running:              # alone and still no room: cannot fit
+                    self.running.remove(req)
+                    self.release(req)
+                    self.failed.append(req)
+                continue
+            items.append(self._item(req, n))
+            budget -= n
+        # Preemption may have removed requests scheduled earlier in this loop.
+        items = [it for it in items if it.req in self.running]
+        budget = self.cfg.max_batch_tokens - sum(len(it.tokens) for it in items)
+        self._admit(items, budget)
+        return items
+
+    def _admit(self, items: list[ScheduledItem], budget: int) -> None:
+        for r in self.waiting:
+            r.wait_steps += 1
+        if not self.waiting or budget <= 0:
+            return
+        ps = self.cfg.page_size
+        keyed = []
+        for r in self.waiting:
+            m = self.cache.match_prefix(r.all_ids, r.group.namespace, record=False)
+            starving = r.wait_steps >= self.cfg.max_wait_steps
+            keyed.append((not starving, -m.length if not starving else 0, r))
+        keyed.sort(key=lambda t: (t[0], t[1]))   # stable: FIFO among equals
+        inflight = [it.req for it in items if not it.completes] + \
+                   [r for r in self.running if r.num_uncomputed > 1]
+        for _, _, req in keyed:
+            if budget <= 0 or len(self.running) >= self.cfg.max_running:
+                break
+            m = self.cache.match_prefix(req.all_ids, req.group.namespace,
+                                        record=req.preemptions == 0 and req.num_computed == 0)
+            limit = (req.num_tokens - 1) // ps * ps
+            if req.group.logprob_start is not None:
+                limit = min(limit, max(0, req.group.logprob_start - 1) // ps * ps)
+            cached = min(m.length, limit)
+            if self._overlaps_inflight(req, cached, inflight):
+                continue
+            table = PageTable(self.allocator, ps, self.table_stats)
+            table.adopt_prefix(m.pages[: cached // ps], cached)
+            self.cache.lock(m.node)
+            req.page_table, req.lock_node, req.num_computed = table, m.node, cached
+            n = min(req.num_uncomputed, budget)
+            if not self._reserve(req, n, can_preempt=False):
+                req.page_table.free()
+                self.cache.unlock(m.node)
+                req.page_table, req.lock_node, req.num_computed = None, None, 0
+                break
+            if req.preemptions == 0 and req.index == 0:
+                req.group.cached_tokens = cached
+            self.waiting.remove(req)
+            self._admit_counter += 1
+            req.admit_seq = self._admit_counter
+            req.wait_steps = 0
+            self.running.append(req)
+            items.append(self._item(req, n))
+            inflight.append(req)
+            budget -= n
+
+    def _overlaps_inflight(self, req: Request, cached: int, inflight: list[Request]) -> bool:
+        ids = req.all_ids
+        for other in inflight:
+            common = len(os.path.commonprefix([ids, other.all_ids[: other.num_tokens]]))
+            if common - cached >= self.cfg.min_shared_prefix:
+                return True
+        return False
+
+    def _item(self, req: Request, n: int) -> ScheduledItem:
+        start = req.num_computed
+        completes = start + n == req.num_tokens
+        rows: list[int] = []
+        if req.group.logprob_start is not None:
+            # row p predicts token p + 1: prompt logprobs need rows logprob_start-1 .. P-2
+            lo = max(start, req.group.logprob_start - 1)
+            hi = min(start + n, len(req.prompt_ids) - 1)
+            rows = [p - start for p in range(lo, hi)]
+        if completes and (not rows or rows[-1] != n - 1):
+            rows.append(n - 1)
+        return ScheduledItem(req, start, req.all_ids[start:start + n], rows)

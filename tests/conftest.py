@@ -1,0 +1,86 @@
+"""Shared fixtures: the embedded model (HF reference and tokenizer) and a greedy oracle."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old "
+    "woodcutter and his three children. Every morning he",
+    "Q: What is the boiling point of water at sea level in Celsius?\nA:",
+    "List three primary colors:\n1.",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "import numpy as np\n\ndef softmax(x):",
+    "In 1969, the Apollo 11 mission",
+]
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    from runtime.model_loader import resolve_model
+
+    return resolve_model().path
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+class GreedyOracle:
+    """HF transformers greedy continuations (cached) and the tie rule for comparisons."""
+
+    def __init__(self, hf_model, tokenizer):
+        self.hf = hf_model
+        self.tok = tokenizer
+
+    @functools.lru_cache(maxsize=None)
+    def continuation(self, prompt_ids: tuple[int, ...], n: int) -> tuple[int, ...]:
+        with torch.no_grad():
+            out = self.hf.generate(torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)
+        return tuple(out[0, len(prompt_ids):].tolist())
+
+    def top2_gap(self, ids: list[int]) -> float:
+        with torch.no_grad():
+            logits = self.hf(torch.tensor([ids])).logits[0, -1]
+        top = torch.topk(logits, 2).values
+        return float(top[0] - top[1])
+
+    def assert_same(self, prompt_ids: list[int], ours: list[int], ref: list[int], label: str = ""):
+        """Token-identical, or the first difference is a true tie (top-2 within 1e-4)."""
+        n = min(len(ours), len(ref))
+        for i in range(n):
+            if ours[i] != ref[i]:
+                gap = self.top2_gap(list(prompt_ids) + list(ref[:i]))
+                print(f"[tie check] {label}: first difference at token {i}: ours {ours[i]} "
+                      f"ref {ref[i]}, reference top-2 gap {gap:.2e}")
+                assert gap <= 1e-4, (
+                    f"{label}: outputs diverge at token {i} (ours {ours[i]}, ref {ref[i]}) and the "
+                    f"reference's top-2 gap {gap:.2e} is not a tie")
+                return
+        assert len(ours) == len(ref), f"{label}: length {len(ours)} != {len(ref)}"
+
+
+@pytest.fixture(scope="session")
+def oracle(hf_model, tokenizer):
+    return GreedyOracle(hf_model, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(tokenizer):
+    return [tokenizer.encode(p) for p in PROMPTS]
