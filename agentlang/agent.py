@@ -1,0 +1,116 @@
+"""Tool calling: generate a call under the tools' JSON schema, run it, feed the result back.
+
+A call is generated as ``{"name": <tool>, "arguments": {...}}`` under a JSON schema built
+from the tools' parameter schemas, so the arguments always parse and validate. The agent
+loop alternates an assistant turn (one call) with a ``result_role`` turn holding the result,
+until the model calls ``final_answer`` or ``max_steps`` is reached (the last step may only
+answer). Both run on a stream's worker thread (see interpreter.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from agentlang.ir import AgentLoop, RoleBegin, RoleEnd, ToolCall
+from agentlang.sampling import make_options
+
+if TYPE_CHECKING:
+    from agentlang.executor import StreamExecutor
+    from agentlang.tools import Tool
+
+FINAL = "final_answer"
+
+
+def _call_option(name: str, parameters: dict) -> dict:
+    return {"type": "object",
+            "properties": {"name": {"enum": [name]}, "arguments": parameters},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def final_schema(answer_schema: Any) -> dict:
+    answer = answer_schema if answer_schema is not None else {"type": "string"}
+    return _call_option(FINAL, {"type": "object", "properties": {"answer": answer},
+                                "required": ["answer"], "additionalProperties": False})
+
+
+def call_schema(tools: tuple[Tool, ...], answer_schema: Any = None, allow_final: bool = False
+                ) -> dict:
+    """JSON schema of one call to any of ``tools`` (or the final answer, if allowed)."""
+    options = [_call_option(t.name, t.parameters) for t in tools]
+    if allow_final:
+        options.append(final_schema(answer_schema))
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def tools_prompt(tools: list[Tool] | tuple[Tool, ...], final_answer: bool = True) -> str:
+    """A system-prompt paragraph describing the tools and the call format."""
+    lines = ['You can call tools. To call one, reply with only a JSON object '
+             '{"name": <tool name>, "arguments": {<arguments>}}.']
+    if final_answer:
+        lines.append('When you know the answer, reply {"name": "final_answer", '
+                     '"arguments": {"answer": <answer>}}.')
+    lines.append("Tools:")
+    for t in tools:
+        lines.append(f"- {t.name}: {t.description} Parameters: {json.dumps(t.parameters)}")
+    return "\n".join(lines)
+
+
+def render_result(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def parse_call(text: str, tools: tuple[Tool, ...]) -> tuple[str, dict]:
+    """(tool name, arguments) from generated call text; ValueError if it is not a call."""
+    try:
+        call = json.loads(text)
+        name, arguments = call["name"], call["arguments"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"the model's tool call is not a complete JSON call (raise max_tokens "
+                         f"if it was cut off): {text!r}") from None
+    if name != FINAL and name not in {t.name for t in tools}:
+        raise ValueError(f"the model called unknown tool {name!r}")
+    return name, arguments
+
+
+def _generate_call(exe: StreamExecutor, schema: dict, max_tokens: int,
+                   temperature: float | None) -> tuple[str, Any]:
+    opts = exe.resolve(make_options(max_tokens=max_tokens, temperature=temperature,
+                                    json_schema=schema))
+    return exe.generate_text(opts)
+
+
+def execute_tool_call(exe: StreamExecutor, node: ToolCall) -> None:
+    text, result = _generate_call(exe, call_schema(node.tools), node.max_tokens,
+                                  node.temperature)
+    name, arguments = parse_call(text, node.tools)
+    tool = next(t for t in node.tools if t.name == name)
+    value = tool.invoke(arguments)
+    exe.store_var(node.name, value, {**result.meta, "tool": name, "arguments": arguments,
+                                     "call_text": text, "result": value})
+
+
+def execute_agent_loop(exe: StreamExecutor, node: AgentLoop) -> None:
+    steps: list[dict] = []
+    answer: Any = None
+    for step in range(node.max_steps):
+        last = step == node.max_steps - 1
+        schema = final_schema(node.answer_schema) if last else call_schema(
+            node.tools, node.answer_schema, allow_final=True)
+        exe.visit_rolebegin(RoleBegin("assistant"))
+        text, _ = _generate_call(exe, schema, node.max_tokens, node.temperature)
+        exe.visit_roleend(RoleEnd("assistant"))
+        name, arguments = parse_call(text, node.tools)
+        if name == FINAL:
+            answer = arguments["answer"]
+            break
+        tool = next(t for t in node.tools if t.name == name)
+        try:
+            value, error = tool.invoke(arguments), None
+        except Exception as e:  # noqa: BLE001 - the model sees the error and may retry
+            value, error = None, f"{type(e).__name__}: {e}"
+        steps.append({"tool": name, "arguments": arguments, "result": value, "error": error})
+        exe.visit_rolebegin(RoleBegin(node.result_role))
+        exe.fill(node.result_prefix + (f"error: {error}" if error else render_result(value)))
+        exe.visit_roleend(RoleEnd(node.result_role))
+    exe.store_var(node.name, answer, {"steps": steps})

@@ -1,0 +1,131 @@
+"""The one interface every backend implements (in-process engine, our server, OpenAI, Mock).
+
+A backend is shared by many program threads at once; every method must be thread-safe.
+The interpreter calls:
+
+- ``chat_template()`` once per run, to render roles;
+- ``generate(prompt, opts)`` / ``stream(prompt, opts)`` for ``gen``;
+- ``score(prefix, continuations)`` for ``select``;
+- ``cache_prefix(text)`` / ``release_prefix(handle)`` around forks and batches, only when
+  ``capabilities.prefix_cache`` is true;
+- ``check(opts)`` before a generation: a feature the backend cannot honour raises
+  ``UnsupportedFeatureError`` instead of being silently dropped.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from agentlang.chat_template import ChatTemplate
+from agentlang.sampling import SamplingOptions
+
+
+class UnsupportedFeatureError(ValueError):
+    """The backend cannot honour a requested feature (named in the message)."""
+
+
+class Prompt(NamedTuple):
+    """What a generation continues. ``text`` is the full rendered prompt; chat-only backends
+    use ``messages`` (finished messages) plus the role currently open and its text so far."""
+
+    text: str
+    messages: tuple[dict, ...] = ()
+    open_role: str | None = None
+    open_text: str = ""
+
+
+class GenResult(NamedTuple):
+    text: str
+    finish_reason: str                # "stop" | "length" | "abort"
+    matched_stop: str | int | None = None
+    meta: dict = {}                   # prompt_tokens, completion_tokens, cached_tokens, …
+    token_logprobs: list | None = None  # [(logprob, token_id, top: list[(token_id, logprob)])]
+
+
+class StreamDelta(NamedTuple):
+    text: str                         # newly generated text
+    result: GenResult | None = None   # set on the last delta only
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    regex: bool = True
+    json_schema: bool = True
+    grammar: bool = True
+    value_type: bool = True
+    logprobs: bool = True
+    score: bool = True
+    prefix_cache: bool = True
+    stream: bool = True
+    stop_token_ids: bool = True
+    extended_sampling: bool = True    # top_k, min_p, min_tokens, ignore_eos, repetition_penalty
+    text_prompt: bool = True          # False: chat-only API; gen must open an assistant turn
+
+
+class Backend(ABC):
+    """Base class; subclasses set ``capabilities`` and implement the abstract methods."""
+
+    capabilities: Capabilities = Capabilities()
+
+    @abstractmethod
+    def chat_template(self) -> ChatTemplate:
+        """Role markers used to render system/user/assistant blocks into text."""
+
+    @abstractmethod
+    def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
+        """One completion of ``prompt`` under fully resolved ``opts``."""
+
+    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[StreamDelta]:
+        """Incremental generation; default: the whole result as one delta."""
+        result = self.generate(prompt, opts)
+        yield StreamDelta(result.text, result)
+
+    def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
+        """Per-token logprobs of each continuation after ``prefix`` (prefix computed once)."""
+        raise UnsupportedFeatureError(f"{type(self).__name__} cannot score continuations by "
+                                      f"log-probability, so select() is unavailable")
+
+    def cache_prefix(self, text: str) -> Any:
+        """Prefill ``text`` and keep it cached (locked) until ``release_prefix(handle)``."""
+        raise UnsupportedFeatureError(f"{type(self).__name__} has no prefix cache")
+
+    def release_prefix(self, handle: Any) -> None:
+        raise UnsupportedFeatureError(f"{type(self).__name__} has no prefix cache")
+
+    def metrics(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        """Release resources (threads, connections, engines). Idempotent."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def check(self, opts: SamplingOptions) -> None:
+        """Raise UnsupportedFeatureError for options this backend would have to ignore."""
+        caps, name = self.capabilities, type(self).__name__
+        wanted = [
+            ("regex", opts.regex is not None, caps.regex),
+            ("json_schema", opts.json_schema is not None, caps.json_schema),
+            ("grammar", opts.grammar is not None, caps.grammar),
+            ("dtype (typed generation)", opts.value_type is not None, caps.value_type),
+            ("return_logprob/top_logprobs_num", opts.logprobs is not None, caps.logprobs),
+            ("stop_token_ids", bool(opts.stop_token_ids), caps.stop_token_ids),
+            ("top_k", opts.top_k not in (None, -1, 0), caps.extended_sampling),
+            ("min_p", opts.min_p not in (None, 0.0), caps.extended_sampling),
+            ("min_tokens", opts.min_tokens not in (None, 0), caps.extended_sampling),
+            ("ignore_eos", bool(opts.ignore_eos), caps.extended_sampling),
+            ("repetition_penalty", opts.repetition_penalty not in (None, 1.0),
+             caps.extended_sampling),
+        ]
+        for feature, requested, supported in wanted:
+            if requested and not supported:
+                raise UnsupportedFeatureError(
+                    f"{name} cannot honour {feature}; remove it or use a backend that supports "
+                    f"it (agentlang.Runtime or agentlang.RuntimeEndpoint)")

@@ -1,0 +1,282 @@
+"""IR of agentlang programs: small frozen dataclass nodes; ``a + b`` concatenates.
+
+A program appends expressions to its state (``s += "Q: " + gen("a")``). Every expression is
+one of the nodes below. ``Concat`` flattens, so ``a + b + c`` is one ``Concat`` of three
+leaves. Nodes are immutable: the interpreter and the tracer read them, nothing mutates them.
+
+``Argument`` and ``Variable`` only exist while tracing: they stand for a program argument
+and for a generated variable whose value is not known yet. Using one where a concrete value
+is needed (an f-string, ``str()``, ``if``) raises ``TraceError`` explaining how to write it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agentlang.sampling import SamplingOptions
+
+if TYPE_CHECKING:
+    from agentlang.choices import ChoicesMethod
+    from agentlang.tools import Tool
+
+# SGLang's regex constants (same values, so ported programs keep their constraints).
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
+
+class TraceError(ValueError):
+    """A program did something during tracing that a trace cannot represent."""
+
+
+class Expr:
+    """Base of every IR node. ``+`` builds a flattened ``Concat``."""
+
+    def __add__(self, other: Any) -> Concat:
+        return concat(self, other)
+
+    def __radd__(self, other: Any) -> Concat:
+        return concat(other, self)
+
+
+@dataclass(frozen=True)
+class Text(Expr):
+    value: str
+
+
+@dataclass(frozen=True)
+class Concat(Expr):
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Gen(Expr):
+    name: str | None
+    options: SamplingOptions
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    name: str | None
+    choices: tuple[str, ...]
+    temperature: float
+    method: ChoicesMethod
+
+
+@dataclass(frozen=True)
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass(frozen=True)
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass(frozen=True)
+class VarScopeBegin(Expr):
+    name: str
+
+
+@dataclass(frozen=True)
+class VarScopeEnd(Expr):
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCall(Expr):
+    """Generate a call (tool name + arguments under the tool's JSON schema), run it.
+
+    The generated call text is appended; the variable ``name`` receives the tool's return value.
+    """
+
+    tools: tuple[Tool, ...]
+    name: str | None
+    max_tokens: int
+    temperature: float | None
+
+
+@dataclass(frozen=True)
+class AgentLoop(Expr):
+    """Alternate assistant tool calls and fed-back results until a final answer (or max_steps)."""
+
+    tools: tuple[Tool, ...]
+    name: str
+    max_steps: int
+    result_role: str
+    result_prefix: str
+    answer_schema: Any
+    max_tokens: int
+    temperature: float | None
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    """Call another program inline on the same state: ``s += other(x=1)``."""
+
+    program: Any
+    args: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Fork(Expr):
+    """Graph node: the stream splits into ``size`` child streams sharing its text."""
+
+    size: int
+
+
+@dataclass(frozen=True)
+class Join(Expr):
+    """Graph node: child streams merge back (``gather_variable`` or ``concate_and_append``)."""
+
+    mode: str
+
+
+@dataclass(frozen=True, eq=False)
+class Argument(Expr):
+    """Placeholder for a program argument during tracing."""
+
+    name: str
+
+    def _misuse(self, what: str) -> TraceError:
+        return TraceError(
+            f"argument '{self.name}' was used in {what} while tracing; during tracing arguments "
+            f"are placeholders without a value. Concatenate it instead of formatting it: write "
+            f"s += \"...\" + {self.name} + \"...\" rather than s += f\"...{{{self.name}}}...\", "
+            f"or pass a concrete value: program.trace({self.name}=...)"
+        )
+
+    def __str__(self) -> str:
+        raise self._misuse("str()")
+
+    def __format__(self, spec: str) -> str:
+        raise self._misuse("an f-string or format()")
+
+    def __bool__(self) -> bool:
+        raise self._misuse("a condition (if/while/and/or)")
+
+    def __iter__(self):
+        raise self._misuse("a loop or unpacking")
+
+    def __len__(self) -> int:
+        raise self._misuse("len()")
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise self._misuse(f"an attribute access (.{attr})")
+
+    def __getitem__(self, key: Any) -> Any:
+        raise self._misuse("an index or key lookup")
+
+
+@dataclass(frozen=True, eq=False)
+class Variable(Expr):
+    """Placeholder for a generated variable during tracing (``s["name"]``)."""
+
+    name: str
+    writer: int | None  # graph node id that wrote it; None: never written in this trace
+
+    def _misuse(self, what: str) -> TraceError:
+        return TraceError(
+            f"generated variable '{self.name}' was used in {what} while tracing; its value is "
+            f"only known when the program runs. Append it with s += \"...\" + s[\"{self.name}\"]; "
+            f"code that branches on or formats generated text cannot be traced"
+        )
+
+    def __str__(self) -> str:
+        raise self._misuse("str()")
+
+    def __format__(self, spec: str) -> str:
+        raise self._misuse("an f-string or format()")
+
+    def __bool__(self) -> bool:
+        raise self._misuse("a condition (if/while/and/or)")
+
+    def __eq__(self, other: object) -> Any:  # type: ignore[override]
+        return _Undecidable(self._misuse("a comparison"))
+
+    def __ne__(self, other: object) -> Any:  # type: ignore[override]
+        return _Undecidable(self._misuse("a comparison"))
+
+    __hash__ = object.__hash__
+
+    def __iter__(self):
+        raise self._misuse("a loop or unpacking")
+
+    def __len__(self) -> int:
+        raise self._misuse("len()")
+
+    def __int__(self) -> int:
+        raise self._misuse("int()")
+
+    def __float__(self) -> float:
+        raise self._misuse("float()")
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise self._misuse(f"an attribute access (.{attr})")
+
+
+@dataclass(frozen=True)
+class _Undecidable:
+    error: TraceError = field()
+
+    def __bool__(self) -> bool:
+        raise self.error
+
+
+def as_expr(value: Any) -> Expr:
+    """Coerce what a program may append: str, numbers (as text) and IR nodes."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Text(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Text(str(value))
+    raise TypeError(
+        f"cannot append a {type(value).__name__} to a program state; append str or agentlang "
+        f"expressions (convert with str(...) or json.dumps(...))"
+    )
+
+
+def leaves(expr: Expr) -> tuple[Expr, ...]:
+    """The non-Concat nodes of ``expr`` in order."""
+    return expr.items if isinstance(expr, Concat) else (expr,)
+
+
+def written_name(node: Expr) -> str | None:
+    """The variable a leaf node writes, if any."""
+    if isinstance(node, (Gen, Select, ToolCall)):
+        return node.name
+    if isinstance(node, (AgentLoop, VarScopeEnd)):
+        return node.name
+    return None
+
+
+def concat(a: Any, b: Any) -> Concat:
+    """``a + b`` for IR nodes; rejects writing one variable twice in one expression."""
+    items = leaves(as_expr(a)) + leaves(as_expr(b))
+    seen: set[str] = set()
+    for node in items:
+        name = written_name(node)
+        if name is None:
+            continue
+        if name in seen:
+            raise ValueError(
+                f"variable name '{name}' is written twice in one expression; the second write "
+                f"would overwrite the first before it can be read — use two different names"
+            )
+        seen.add(name)
+    return Concat(items)
+
+
+def check_name(name: Any, what: str) -> None:
+    """Validate a variable name given to gen/select/var_scope/tool_call."""
+    if name is None:
+        return
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} name must be a non-empty str, got {name!r}")

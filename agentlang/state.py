@@ -1,0 +1,244 @@
+"""The program state ``s`` and fork groups, shared by running and tracing.
+
+``ProgramState`` is a thin front over a *stream*: a ``StreamExecutor`` when the program runs,
+a ``TraceStream`` when it is traced. It checks, at the line where the program makes the
+mistake, what can be checked without a model: role nesting, var scopes, writing a variable
+inside a var_scope of the same name, appending to a fork after its join, joining twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from agentlang.ir import (AgentLoop, Call, Concat, Expr, Fork, Join, RoleBegin, RoleEnd,
+                          VarScopeBegin, VarScopeEnd, as_expr, check_name, leaves,
+                          written_name)
+
+JOIN_MODES = ("gather_variable", "concate_and_append")
+
+
+class ProgramState:
+    """What a program function receives as ``s``."""
+
+    def __init__(self, stream: Any, open_role: str | None = None,
+                 open_scopes: tuple[str, ...] = ()):
+        self._stream = stream
+        self._open_role = open_role
+        self._open_scopes = list(open_scopes)
+        self._closed: str | None = None
+        self.ret_value: Any = None
+
+    # -- appending ---------------------------------------------------------------------
+    def __iadd__(self, other: Any) -> ProgramState:
+        if other is None:
+            raise ValueError("cannot append None to a program state")
+        self._check_open()
+        pending: list[Expr] = []
+        for leaf in leaves(as_expr(other)):
+            if isinstance(leaf, Call):
+                self._flush(pending)
+                leaf.program.call_inline(self, dict(leaf.args))
+                continue
+            self._check_leaf(leaf)
+            pending.append(leaf)
+        self._flush(pending)
+        return self
+
+    def _flush(self, pending: list[Expr]) -> None:
+        if pending:
+            self._stream.submit(pending[0] if len(pending) == 1 else Concat(tuple(pending)))
+            pending.clear()
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise ValueError(self._closed)
+
+    def _check_leaf(self, leaf: Expr) -> None:
+        if isinstance(leaf, (Fork, Join)):
+            raise ValueError("fork/join are not appended; use forks = s.fork(n) and forks.join()")
+        name = written_name(leaf)
+        if name is not None and name in self._open_scopes and not isinstance(leaf, VarScopeEnd):
+            raise ValueError(f"{type(leaf).__name__.lower()} writes variable '{name}' inside "
+                             f"var_scope('{name}'), which will overwrite it when the scope "
+                             f"ends; use another name")
+        if isinstance(leaf, RoleBegin):
+            if self._open_role is not None:
+                raise ValueError(f"role '{leaf.role}' begins while role '{self._open_role}' is "
+                                 f"open; roles do not nest — end '{self._open_role}' first")
+            self._open_role = leaf.role
+        elif isinstance(leaf, RoleEnd):
+            if self._open_role != leaf.role:
+                raise ValueError(f"role '{leaf.role}' ends but the open role is "
+                                 f"{self._open_role!r}")
+            self._open_role = None
+        elif isinstance(leaf, VarScopeBegin):
+            if leaf.name in self._open_scopes:
+                raise ValueError(f"var_scope('{leaf.name}') is already open")
+            self._open_scopes.append(leaf.name)
+        elif isinstance(leaf, VarScopeEnd):
+            if leaf.name not in self._open_scopes:
+                raise ValueError(f"var_scope('{leaf.name}') ends but was never opened")
+            self._open_scopes.remove(leaf.name)
+        elif isinstance(leaf, AgentLoop) and self._open_role is not None:
+            raise ValueError(f"agent_loop opens its own roles; end role '{self._open_role}' "
+                             f"before it")
+
+    # -- roles and scopes ----------------------------------------------------------------
+    def _role(self, role: str, expr: Any) -> Any:
+        if expr is not None:
+            self += RoleBegin(role) + as_expr(expr) + RoleEnd(role)
+            return None
+
+        @contextmanager
+        def scope() -> Iterator[None]:
+            self += RoleBegin(role)
+            yield
+            self += RoleEnd(role)
+
+        return scope()
+
+    def system(self, expr: Any = None) -> Any:
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        return self._role("assistant", expr)
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """Text appended inside the block becomes variable ``name``."""
+        check_name(name, "var_scope")
+        self += VarScopeBegin(name)
+        yield
+        self += VarScopeEnd(name)
+
+    # -- fork / join -------------------------------------------------------------------
+    def fork(self, size: int = 1) -> ForkGroup:
+        """``size`` copies of this state that continue independently (and concurrently)."""
+        self._check_open()
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"fork size must be a positive int, got {size!r}")
+        streams, token = self._stream.fork_streams(size)
+        states = [ProgramState(st, self._open_role, tuple(self._open_scopes)) for st in streams]
+        return ForkGroup(self, states, token)
+
+    @contextmanager
+    def copy(self) -> Iterator[ProgramState]:
+        group = self.fork(1)
+        try:
+            yield group[0]
+        finally:
+            group.join()
+
+    # -- reading -----------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        return self._stream.get_var(name)
+
+    def get_var(self, name: str) -> Any:
+        return self._stream.get_var(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        check_name(name, "variable")
+        self._stream.set_var(name, value)
+
+    set_var = __setitem__
+
+    def __contains__(self, name: str) -> bool:
+        return self._stream.has_var(name)
+
+    def get_meta_info(self, name: str) -> Any:
+        return self._stream.get_meta_info(name)
+
+    def text(self) -> str:
+        return self._stream.text()
+
+    def messages(self) -> list[dict]:
+        return self._stream.messages()
+
+    def sync(self) -> None:
+        self._stream.sync()
+
+    def error(self) -> BaseException | None:
+        """The error that stopped this stream, if any (without raising it)."""
+        try:
+            self._stream.sync()
+        except Exception as e:  # noqa: BLE001
+            return e
+        return None
+
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Yield text as it is generated (``run(stream=True)``), or all of it at once."""
+        return self._stream.iter_text(var_name)
+
+    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+        it = self._stream.iter_text(var_name)
+        done = object()
+        while True:
+            chunk = await asyncio.to_thread(next, it, done)
+            if chunk is done:
+                return
+            yield chunk
+
+    def __repr__(self) -> str:
+        return f"ProgramState({self.text()!r})"
+
+
+class ForkGroup:
+    """The states returned by ``s.fork(n)``. ``forks += x`` appends to every fork
+    (``x`` may also be a list with one item per fork, or ``lambda i: ...``)."""
+
+    def __init__(self, parent: ProgramState, states: list[ProgramState], token: Any):
+        self._parent = parent
+        self.states = states
+        self._token = token
+        self._joined = False
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        if value is not self.states[i]:
+            raise ValueError("fork states cannot be replaced; append with forks[i] += ...")
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Any) -> ForkGroup:
+        if self._joined:
+            raise ValueError("this fork group was joined; append to the parent state instead")
+        if isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(f"appending a list to {len(self.states)} forks needs "
+                                 f"{len(self.states)} items, got {len(other)}")
+            for state, item in zip(self.states, other):
+                state += item
+        elif callable(other) and not isinstance(other, Expr):
+            fn: Callable[[int], Any] = other
+            for i, state in enumerate(self.states):
+                state += fn(i)
+        else:
+            for state in self.states:
+                state += other
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Merge the forks into the parent: ``gather_variable`` sets each variable written in
+        the forks to the list of the forks' values; ``concate_and_append`` appends each
+        fork's new text to the parent. The forks' shared prefix is released here."""
+        if self._joined:
+            raise ValueError("this fork group was already joined; join() may be called once")
+        if mode not in JOIN_MODES:
+            raise ValueError(f"join mode must be one of {JOIN_MODES}, got {mode!r}")
+        self._parent._check_open()
+        self._joined = True
+        for state in self.states:
+            state._closed = "this fork was joined; append to the parent state instead"
+        self._parent._stream.join_streams(self._token, [st._stream for st in self.states], mode)

@@ -1,0 +1,248 @@
+"""The tracer: run a program on placeholder arguments and record its dependency graph.
+
+``trace_program`` calls the program function with a ``ProgramState`` over a ``TraceStream``.
+Arguments not given concretely are ``Argument`` placeholders; ``s["x"]`` returns a
+``Variable`` placeholder pointing at the node that writes ``x``. Using a placeholder where a
+value is needed raises ``TraceError`` (ir.py) explaining how to write the line instead.
+
+``prompt_prefix`` mode stops at the root stream's first generation: ``run_batch`` uses it
+with concrete arguments to find what each program sends first (to order the batch and cache
+shared prefixes) without running user code past that point.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentlang.chat_template import ChatTemplate
+from agentlang.graph import Edge, Graph, Node, short
+from agentlang.ir import (AgentLoop, Argument, Expr, Gen, Join, RoleBegin, RoleEnd, Select, Text,
+                          ToolCall, TraceError, Variable, VarScopeBegin, VarScopeEnd, leaves)
+from agentlang.state import ProgramState
+
+_FILL = (Text, Argument, Variable)
+_GENERATING = (Gen, Select, ToolCall, AgentLoop)
+
+
+class _StopTrace(BaseException):
+    """Internal: the prompt prefix is known; stop running the program body (a BaseException
+    so that a program's own ``except Exception`` does not swallow it)."""
+
+
+class GraphBuilder:
+    def __init__(self, template: ChatTemplate, stop_at_first_generation: bool = False):
+        self.template = template
+        self.stop_at_first_generation = stop_at_first_generation
+        self.nodes: list[Node] = []
+        self.edges: list[Edge] = []
+        self.stream_parent: dict[int, int | None] = {}
+        self.arg_nodes: dict[str, int] = {}
+        self.prompt_prefix: str | None = None
+        self.constant_prefix: str | None = None
+
+    def new_node(self, kind: str, label: str, stream: int | None, reads=(), writes=None,
+                 expr: Any = None) -> int:
+        node = Node(len(self.nodes), kind, label, stream, tuple(reads), writes, expr)
+        self.nodes.append(node)
+        return node.id
+
+    def argument(self, name: str) -> int:
+        if name not in self.arg_nodes:
+            self.arg_nodes[name] = self.new_node("argument", name, None)
+        return self.arg_nodes[name]
+
+
+class TraceStream:
+    """Implements the stream protocol of ``ProgramState`` by recording nodes."""
+
+    def __init__(self, b: GraphBuilder, parent: TraceStream | None = None,
+                 fork_node: int | None = None):
+        self.b = b
+        self.sid = len(b.stream_parent)
+        b.stream_parent[self.sid] = parent.sid if parent else None
+        self.last = fork_node
+        self.entry_kind = "fork" if fork_node is not None else "seq"
+        self.writers: dict[str, int] = dict(parent.writers) if parent else {}
+        self.values: dict[str, Any] = dict(parent.values) if parent else {}
+        self.written: set[str] = set()
+        self.text_ = parent.text_ if parent else ""
+        self.fork_start = len(self.text_)
+        self.messages_: list[dict] = list(parent.messages_) if parent else []
+        self.role: str | None = parent.role if parent else None
+        self.role_begin = parent.role_begin if parent else 0
+
+    # -- recording ---------------------------------------------------------------------
+    def _add(self, kind: str, label: str, reads=(), writes=None, expr=None) -> int:
+        nid = self.b.new_node(kind, label, self.sid, reads, writes, expr)
+        if self.last is not None:
+            self.b.edges.append(Edge(self.last, nid, self.entry_kind))
+        self.entry_kind = "seq"
+        for name in reads:
+            if name.startswith("arg:"):
+                self.b.edges.append(Edge(self.b.argument(name[4:]), nid, "data", name[4:]))
+            elif name in self.writers:
+                self.b.edges.append(Edge(self.writers[name], nid, "data", name))
+        if writes is not None:
+            self.writers[writes] = nid
+            self.written.add(writes)
+        self.last = nid
+        return nid
+
+    def _is_root(self) -> bool:
+        return self.b.stream_parent[self.sid] is None
+
+    def _mark_prefix(self, constant_only: bool) -> None:
+        if not self._is_root():
+            return
+        if self.b.constant_prefix is None:
+            self.b.constant_prefix = self.text_
+        if not constant_only and self.b.prompt_prefix is None:
+            self.b.prompt_prefix = self.text_
+            if self.b.stop_at_first_generation:
+                raise _StopTrace
+
+    def submit(self, expr: Expr) -> None:
+        fills: list[Expr] = []
+        for leaf in leaves(expr) + (None,):
+            if isinstance(leaf, _FILL):
+                fills.append(leaf)
+                continue
+            if fills:
+                self._fill_node(fills)
+                fills = []
+            if leaf is not None:
+                self._leaf(leaf)
+
+    def _fill_node(self, fills: list[Expr]) -> None:
+        label, reads = "", []
+        for leaf in fills:
+            if isinstance(leaf, Text):
+                label += leaf.value
+                self.text_ += leaf.value
+                continue
+            self._mark_prefix(constant_only=True)
+            label += "{" + leaf.name + "}"
+            self.text_ += "{" + leaf.name + "}"
+            reads.append(("arg:" + leaf.name) if isinstance(leaf, Argument) else leaf.name)
+        self._add("text", short(label), reads, expr=tuple(fills))
+
+    def _leaf(self, leaf: Expr) -> None:
+        template = self.b.template
+        if isinstance(leaf, _GENERATING):
+            self._mark_prefix(constant_only=False)
+        if isinstance(leaf, Gen):
+            self._add("gen", f"gen {leaf.name or ''}".rstrip(), writes=leaf.name, expr=leaf)
+            self.text_ += "{" + (leaf.name or "gen") + "}"
+        elif isinstance(leaf, Select):
+            self._add("select", f"select {leaf.name or ''}: {'|'.join(leaf.choices)}",
+                      writes=leaf.name, expr=leaf)
+            self.text_ += "{" + (leaf.name or "select") + "}"
+        elif isinstance(leaf, ToolCall):
+            names = "|".join(t.name for t in leaf.tools)
+            self._add("tool_call", f"tool_call {names}", writes=leaf.name, expr=leaf)
+            self.text_ += "{tool_call}"
+        elif isinstance(leaf, AgentLoop):
+            names = ", ".join(t.name for t in leaf.tools)
+            self._add("agent_loop", f"agent_loop [{names}] → {leaf.name}", writes=leaf.name,
+                      expr=leaf)
+            self.text_ += "{agent_loop}"
+        elif isinstance(leaf, RoleBegin):
+            if not self.messages_ and self.role is None:
+                self.text_ += template.preamble
+                if leaf.role != "system" and template.default_system_prompt is not None:
+                    pre, suf = template.prefix_and_suffix("system")
+                    self.text_ += pre + template.default_system_prompt + suf
+                    self.messages_.append({"role": "system",
+                                           "content": template.default_system_prompt})
+            self._add("role_begin", f"<{leaf.role}>", expr=leaf)
+            self.text_ += template.prefix_and_suffix(leaf.role)[0]
+            self.role, self.role_begin = leaf.role, len(self.text_)
+        elif isinstance(leaf, RoleEnd):
+            self._add("role_end", f"</{leaf.role}>", expr=leaf)
+            self.messages_.append({"role": leaf.role, "content": self.text_[self.role_begin:]})
+            self.text_ += template.prefix_and_suffix(leaf.role)[1]
+            self.role = None
+        elif isinstance(leaf, VarScopeBegin):
+            self._add("var_scope_begin", f"var_scope {leaf.name} ▶", expr=leaf)
+        elif isinstance(leaf, VarScopeEnd):
+            self._add("var_scope_end", f"◀ var_scope {leaf.name}", writes=leaf.name, expr=leaf)
+        else:
+            raise TraceError(f"cannot trace {type(leaf).__name__}")
+
+    # -- stream protocol -----------------------------------------------------------------
+    def fork_streams(self, size: int) -> tuple[list[TraceStream], int]:
+        self._mark_prefix(constant_only=False)
+        fork = self._add("fork", f"fork({size})")
+        return [TraceStream(self.b, self, fork) for _ in range(size)], fork
+
+    def join_streams(self, fork: int, streams: list[TraceStream], mode: str) -> None:
+        join = self._add("join", f"join ({mode})", expr=Join(mode))
+        for child in streams:
+            self.b.edges.append(Edge(child.last if child.last is not None else fork, join,
+                                     "join"))
+        if mode == "gather_variable":
+            for name in sorted(set().union(*(c.written for c in streams))):
+                self.writers[name] = join
+                self.written.add(name)
+                self.values.pop(name, None)
+        else:
+            self.text_ += "".join(c.text_[c.fork_start:] for c in streams)
+
+    def get_var(self, name: str) -> Any:
+        if name in self.values:
+            return self.values[name]
+        if name not in self.writers:
+            raise KeyError(f"no variable {name!r} in this state; defined: "
+                           f"{sorted(set(self.writers) | set(self.values))}")
+        return Variable(name, self.writers[name])
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.values[name] = value
+        self.writers.pop(name, None)
+
+    def has_var(self, name: str) -> bool:
+        return name in self.values or name in self.writers
+
+    def get_meta_info(self, name: str) -> Any:
+        self.get_var(name)
+        return None
+
+    def text(self) -> str:
+        return self.text_
+
+    def messages(self) -> list[dict]:
+        return list(self.messages_)
+
+    def sync(self) -> None:
+        pass
+
+    def iter_text(self, name: str | None = None):
+        yield self.text_ if name is None else self.get_var(name)
+
+
+def trace_program(program: Any, template: ChatTemplate, arguments: dict[str, Any],
+                  strict: bool = True, stop_at_first_generation: bool = False) -> Graph:
+    """Trace ``program`` with ``arguments`` (missing ones become placeholders). ``strict``:
+    errors propagate; otherwise the graph so far is returned with ``truncated`` set."""
+    builder = GraphBuilder(template, stop_at_first_generation)
+    root = TraceStream(builder)
+    args = {name: arguments.get(name, Argument(name)) for name in program.arg_names}
+    for name, value in arguments.items():
+        args.setdefault(name, value)
+    truncated = None
+    try:
+        program.func(ProgramState(root), **args)
+    except _StopTrace:
+        pass
+    except Exception as e:  # noqa: BLE001 - non-strict traces keep what was recorded
+        if strict:
+            raise
+        truncated = f"{type(e).__name__}: {e}"
+    text = root.text_
+    return Graph(name=program.name, nodes=tuple(builder.nodes), edges=tuple(builder.edges),
+                 stream_parent=dict(builder.stream_parent),
+                 prompt_prefix=builder.prompt_prefix if builder.prompt_prefix is not None
+                 else text,
+                 constant_prefix=builder.constant_prefix if builder.constant_prefix is not None
+                 else text,
+                 truncated=truncated)
