@@ -1,0 +1,29 @@
+"""Structured generation: constraints, grammar backends, compiled-grammar cache, batch masks,
+jump-forward. See :mod:`runtime.grammar.base` for the matcher contract."""
+
+from runtime.grammar.base import (
+    BACKENDS,
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarMatcher,
+    bitmask_width,
+    make_grammar_backend,
+)
+from runtime.grammar.cache import GrammarCache
+from runtime.grammar.constraints import (
+    REGEX_BOOL,
+    REGEX_FLOAT,
+    REGEX_INT,
+    REGEX_STR,
+    Constraint,
+    constraint_from_params,
+)
+from runtime.grammar.jump_forward import JumpForward, jump_forward
+from runtime.grammar.mask import apply_grammar_masks
+
+__all__ = [
+    "BACKENDS", "CompiledGrammar", "Constraint", "GrammarBackend", "GrammarCache",
+    "GrammarMatcher", "JumpForward", "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR",
+    "apply_grammar_masks", "bitmask_width", "constraint_from_params", "jump_forward",
+    "make_grammar_backend",
+]

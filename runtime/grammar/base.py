@@ -1,0 +1,139 @@
+"""Grammar-backend interface: compile a :class:`Constraint` once, match it per request.
+
+``GrammarBackend.compile(constraint)`` (slow: milliseconds for xgrammar, up to seconds for
+outlines; thread-safe, run it on :class:`~runtime.grammar.cache.GrammarCache`'s pool) returns a
+:class:`CompiledGrammar`, shared by all requests with that constraint. Each request gets its own
+:class:`GrammarMatcher` from ``new_matcher()``; a matcher is not thread-safe and belongs to the
+engine loop.
+
+Token mask layout (shared by every backend and by :mod:`runtime.grammar.mask`): an int32 tensor
+``bitmask [N, ceil(V/32)]`` on CPU, token ``t`` allowed in row ``r`` iff
+``(bitmask[r, t // 32] >> (t % 32)) & 1``; ``V`` is the model's logits width (``vocab_size``).
+
+Special tokens are never allowed. Stop tokens (EOS) are allowed exactly when the text accepted so
+far is a complete match; accepting one ends the match (``is_terminated()``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from runtime.grammar.constraints import Constraint
+from runtime.grammar.vocab import TokenVocab
+
+BACKENDS = ("xgrammar", "outlines")
+
+
+def bitmask_width(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def bitmask_row_ids(row: torch.Tensor, vocab_size: int) -> list[int]:
+    """Allowed token ids of one bitmask row ``[ceil(V/32)] int32``."""
+    bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [W, 32]
+    return torch.nonzero(bits.reshape(-1)[:vocab_size]).flatten().tolist()
+
+
+def ids_to_bitmask_row(ids, vocab_size: int) -> torch.Tensor:
+    """The ``[ceil(V/32)] int32`` bitmask row with exactly ``ids`` set."""
+    bits = torch.zeros(bitmask_width(vocab_size) * 32, dtype=torch.int64)
+    bits[list(ids)] = 1
+    words = (bits.view(-1, 32) << torch.arange(32, dtype=torch.int64)).sum(-1)  # [W] in [0, 2^32)
+    return (words - (words >= 2**31).long() * 2**32).to(torch.int32)  # two's-complement wrap
+
+
+class GrammarMatcher(ABC):
+    """Per-request matching state. All token ids are model vocabulary ids ``< vocab_size``."""
+
+    vocab: TokenVocab
+
+    @abstractmethod
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into ``bitmask[row]`` (CPU int32 ``[N, ceil(V/32)]``,
+        contiguous). Does not change the state. After termination the row allows nothing."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token. Returns False (state unchanged) for a token the mask forbids:
+        an out-of-grammar token, a special token, a stop token before the match is complete,
+        anything after termination."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True when the constrained output is finished: a stop token was accepted, or the text
+        so far is a complete match that admits no further token (the engine should finish the
+        request now instead of running a step whose mask only allows EOS)."""
+
+    @abstractmethod
+    def jump_forward_text(self) -> str:
+        """The text the grammar forces next (e.g. ``'{"name":"'``), ``''`` when none: when more
+        than one continuation is possible, when the output may end here, after termination.
+        Only whole UTF-8 characters. Does not change the state: the caller tokenizes the text,
+        feeds the tokens to ``accept_token`` (see :mod:`runtime.grammar.jump_forward`)."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (stop tokens included). ``ValueError``
+        if ``num_tokens`` exceeds :attr:`num_accepted` or the backend's rollback limit."""
+
+    @property
+    @abstractmethod
+    def num_accepted(self) -> int:
+        """Tokens accepted so far (net of rollbacks)."""
+
+    def allowed_token_ids(self) -> list[int]:
+        """The allowed next tokens as a sorted list (for tests and debugging; allocates)."""
+        row = torch.zeros(1, bitmask_width(self.vocab.vocab_size), dtype=torch.int32)
+        self.fill_mask(row, 0)
+        return bitmask_row_ids(row[0], self.vocab.vocab_size)
+
+
+class CompiledGrammar(ABC):
+    """A compiled constraint for one vocabulary; immutable and shareable across requests."""
+
+    constraint: Constraint
+
+    @abstractmethod
+    def new_matcher(self) -> GrammarMatcher:
+        """A fresh matcher at the start of the output. Cheap (microseconds)."""
+
+
+class GrammarBackend(ABC):
+    """Compiles constraints for one tokenizer vocabulary (``vocab``)."""
+
+    name: str
+    vocab: TokenVocab
+
+    @abstractmethod
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        """Compile ``constraint``. Thread-safe. Raises ``ValueError`` naming the constraint
+        field when this backend cannot enforce it (never drops part of a constraint)."""
+
+
+def make_grammar_backend(
+    name: str,
+    tokenizer,
+    vocab_size: int,
+    *,
+    stop_token_ids: list[int] | None = None,
+    max_threads: int = 2,
+) -> GrammarBackend:
+    """``name`` in :data:`BACKENDS`. ``vocab_size`` is the model's logits width (49152 for
+    SmolLM2), which the masks cover exactly. ``stop_token_ids`` default to the tokenizer's EOS.
+    ``max_threads``: xgrammar's internal compile threads."""
+    if name not in BACKENDS:
+        raise ValueError(f"grammar_backend must be one of {BACKENDS}, got {name!r}")
+    if not isinstance(vocab_size, int) or vocab_size <= 0:
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    from runtime.grammar.vocab import build_vocab
+
+    vocab = build_vocab(tokenizer, vocab_size, stop_token_ids)
+    if name == "xgrammar":
+        from runtime.grammar.xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(vocab, max_threads=max_threads)
+    from runtime.grammar.outlines_backend import OutlinesBackend
+
+    return OutlinesBackend(vocab)

@@ -1,0 +1,164 @@
+"""Normalize and validate the structured-output fields of a request into one :class:`Constraint`.
+
+A request may set at most one of ``json_schema``, ``regex``, ``choices``, ``grammar`` and
+``value_type``; :func:`constraint_from_params` checks it, validates it (JSON schema against its
+metaschema, regex compiles, Lark grammar parses with the ``lark`` package) and returns a frozen,
+hashable :class:`Constraint` whose ``spec`` is canonical text, so equal constraints share one
+compiled grammar in the cache. Every user mistake raises ``ValueError`` naming the field.
+Backend-specific limits (an unsupported JSON-schema keyword, a regex feature a backend lacks) are
+reported by the backend when it compiles, also as ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# SGLang's typed-value regexes (sglang/lang/ir.py).
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
+VALUE_TYPE_REGEX = {"int": REGEX_INT, "float": REGEX_FLOAT, "bool": REGEX_BOOL, "str": REGEX_STR}
+CONSTRAINT_FIELDS = ("json_schema", "regex", "choices", "grammar", "value_type")
+KINDS = ("json_schema", "regex", "choices", "grammar", "type")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One normalized output constraint.
+
+    ``kind`` is one of :data:`KINDS`. ``spec`` is canonical text per kind: ``json_schema`` →
+    the schema as compact JSON (key order kept: it is the order properties are generated in);
+    ``regex`` → the pattern; ``choices`` → a JSON list of the strings; ``grammar`` → the Lark
+    source; ``type`` → the value type name (``int``/``float``/``bool``/``str``).
+    ``json_indent`` is only set for ``json_schema``: ``None`` means compact JSON (no whitespace
+    at all), an int means pretty-printed with that indent.
+    """
+
+    kind: str
+    spec: str
+    json_indent: int | None = None
+
+    def schema(self) -> dict[str, Any]:
+        assert self.kind == "json_schema", self.kind
+        return json.loads(self.spec)
+
+    def choice_list(self) -> list[str]:
+        assert self.kind == "choices", self.kind
+        return json.loads(self.spec)
+
+    def type_regex(self) -> str:
+        assert self.kind == "type", self.kind
+        return VALUE_TYPE_REGEX[self.spec]
+
+
+def constraint_from_params(
+    json_schema: dict | str | type | None = None,
+    regex: str | None = None,
+    choices: list[str] | None = None,
+    grammar: str | None = None,
+    value_type: str | None = None,
+    json_indent: int | None = None,
+) -> Constraint | None:
+    """Validate the structured-output fields of a request; ``None`` when none is set.
+
+    ``json_schema`` may be a dict, a JSON string or a pydantic ``BaseModel`` subclass (its
+    ``model_json_schema()`` is used). Raises ``ValueError`` naming the field and the reason.
+    """
+    given = [
+        name
+        for name, value in zip(CONSTRAINT_FIELDS, (json_schema, regex, choices, grammar, value_type))
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise ValueError(
+            f"only one of {', '.join(CONSTRAINT_FIELDS)} may be set, got {', '.join(given)}"
+        )
+    if json_indent is not None:
+        if json_schema is None:
+            raise ValueError("json_indent: only applies together with json_schema")
+        if isinstance(json_indent, bool) or not isinstance(json_indent, int) or json_indent < 0:
+            raise ValueError(f"json_indent: must be a non-negative int or None, got {json_indent!r}")
+    if not given:
+        return None
+    if json_schema is not None:
+        return Constraint("json_schema", _normalize_schema(json_schema), json_indent)
+    if regex is not None:
+        return Constraint("regex", _validate_regex(regex))
+    if choices is not None:
+        return Constraint("choices", _normalize_choices(choices))
+    if grammar is not None:
+        return Constraint("grammar", _validate_lark(grammar))
+    if value_type not in VALUE_TYPE_REGEX:
+        raise ValueError(
+            f"value_type: unknown type {value_type!r}; accepted: {', '.join(VALUE_TYPE_REGEX)}"
+        )
+    return Constraint("type", value_type)
+
+
+def _normalize_schema(schema: dict | str | type) -> str:
+    if isinstance(schema, type):
+        dump = getattr(schema, "model_json_schema", None)
+        if dump is None:
+            raise ValueError(
+                f"json_schema: a class must be a pydantic BaseModel subclass, got {schema.__name__}"
+            )
+        schema = dump()
+    elif isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"json_schema: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
+            ) from None
+    if not isinstance(schema, dict):
+        raise ValueError(
+            f"json_schema: must be a JSON object (dict), got {type(schema).__name__}"
+        )
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise ValueError(f"json_schema: invalid JSON schema at {where}: {e.message}") from None
+    try:
+        return json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"json_schema: not serializable as JSON: {e}") from None
+
+
+def _validate_regex(regex: str) -> str:
+    if not isinstance(regex, str):
+        raise ValueError(f"regex: must be a string, got {type(regex).__name__}")
+    if regex == "":
+        raise ValueError("regex: must not be empty")
+    try:
+        re.compile(regex)
+    except re.error as e:
+        raise ValueError(f"regex: invalid regular expression at position {e.pos}: {e.msg}") from None
+    return regex
+
+
+def _normalize_choices(choices: list[str]) -> str:
+    if isinstance(choices, (str, bytes)) or not isinstance(choices, (list, tuple)):
+        raise ValueError(f"choices: must be a list of strings, got {type(choices).__name__}")
+    if not choices:
+        raise ValueError("choices: must not be empty")
+    for i, c in enumerate(choices):
+        if not isinstance(c, str):
+            raise ValueError(f"choices: item {i} is {type(c).__name__}, not a string")
+    return json.dumps(list(choices), ensure_ascii=False)
+
+
+def _validate_lark(grammar: str) -> str:
+    if not isinstance(grammar, str):
+        raise ValueError(f"grammar: must be a Lark grammar string, got {type(grammar).__name__}")
+    from runtime.grammar.lark_ebnf import load_lark
+
+    load_lark(grammar)  # raises ValueError("grammar: ... at line L, column C ...")
+    return grammar

@@ -1,0 +1,145 @@
+"""xgrammar backend (default): every constraint kind, Lark grammars via :mod:`lark_ebnf`.
+
+JSON is compact (``{"a":1,"b":[2,3]}``, no whitespace anywhere) unless the constraint has a
+``json_indent``, then pretty-printed with that indent and ``", "`` / ``": "`` separators.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from runtime.grammar.base import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarMatcher,
+    bitmask_width,
+    ids_to_bitmask_row,
+)
+from runtime.grammar.constraints import Constraint
+from runtime.grammar.lark_ebnf import lark_to_ebnf
+from runtime.grammar.regex_ebnf import ebnf_string
+from runtime.grammar.schema_support import check_schema_support
+from runtime.grammar.vocab import TokenVocab
+
+_FIELD = {"json_schema": "json_schema", "regex": "regex", "choices": "choices",
+          "grammar": "grammar", "type": "value_type"}
+
+
+class XGrammarBackend(GrammarBackend):
+    name = "xgrammar"
+
+    def __init__(self, vocab: TokenVocab, max_threads: int = 2):
+        import xgrammar as xgr
+
+        self.vocab = vocab
+        info = xgr.TokenizerInfo(
+            list(vocab.token_bytes),
+            xgr.VocabType.RAW,
+            vocab_size=vocab.vocab_size,
+            stop_token_ids=list(vocab.stop_ids),
+        )
+        assert set(info.special_token_ids) == set(vocab.special_ids), "special ids disagree"
+        # Our GrammarCache does the (bounded) caching; xgrammar's own cache would be unbounded.
+        self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
+
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        field = _FIELD[constraint.kind]
+        try:
+            return XGrammarCompiled(constraint, self.vocab, self._compile(constraint))
+        except ValueError as e:
+            if str(e).startswith(field + ":"):
+                raise
+            raise ValueError(f"{field}: not supported by the xgrammar backend: {e}") from None
+        except Exception as e:  # xgrammar reports conversion failures as RuntimeError & co.
+            msg = str(e).strip().splitlines()
+            raise ValueError(
+                f"{field}: not supported by the xgrammar backend: {msg[-1] if msg else e!r}"
+            ) from None
+
+    def _compile(self, c: Constraint):
+        if c.kind == "json_schema":
+            check_schema_support(c.schema(), self.name)
+            if c.json_indent is None:
+                return self._compiler.compile_json_schema(
+                    c.spec, any_whitespace=False, separators=(",", ":"), strict_mode=True
+                )
+            return self._compiler.compile_json_schema(
+                c.spec, any_whitespace=False, indent=c.json_indent, strict_mode=True
+            )
+        if c.kind == "regex":
+            return self._compiler.compile_regex(c.spec)
+        if c.kind == "type":
+            return self._compiler.compile_regex(c.type_regex())
+        if c.kind == "choices":
+            alts = " | ".join(f"({ebnf_string(s)})" for s in c.choice_list())
+            return self._compiler.compile_grammar(f"root ::= {alts}\n")
+        assert c.kind == "grammar", c.kind
+        return self._compiler.compile_grammar(lark_to_ebnf(c.spec))
+
+
+class XGrammarCompiled(CompiledGrammar):
+    def __init__(self, constraint: Constraint, vocab: TokenVocab, compiled):
+        self.constraint = constraint
+        self.vocab = vocab
+        self._compiled = compiled
+        self._not_stop = ~ids_to_bitmask_row(vocab.stop_ids, vocab.vocab_size)  # [W] int32
+
+    def new_matcher(self) -> GrammarMatcher:
+        return XGrammarMatcher(self._compiled, self.vocab, self._not_stop)
+
+
+class XGrammarMatcher(GrammarMatcher):
+    def __init__(self, compiled, vocab: TokenVocab, not_stop: torch.Tensor):
+        import xgrammar as xgr
+
+        self.vocab = vocab
+        self._not_stop = not_stop
+        self._m = xgr.GrammarMatcher(compiled)
+        self._accepted = 0
+        self._version = 0  # bumps on every state change; keys the is_terminated cache
+        self._final_cache: tuple[int, bool] = (-1, False)
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._m.is_terminated():
+            bitmask[row].zero_()
+            return
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+    def accept_token(self, token_id: int) -> bool:
+        if not 0 <= token_id < self.vocab.vocab_size or self._m.is_terminated():
+            return False
+        if not self._m.accept_token(token_id):
+            return False
+        self._accepted += 1
+        self._version += 1
+        return True
+
+    def is_terminated(self) -> bool:
+        if self._m.is_terminated():
+            return True
+        if not self._m.is_completed():
+            return False
+        if self._final_cache[0] != self._version:  # complete: can anything but EOS follow?
+            row = torch.zeros(1, bitmask_width(self.vocab.vocab_size), dtype=torch.int32)
+            self._m.fill_next_token_bitmask(row, 0)
+            self._final_cache = (self._version, not bool((row[0] & self._not_stop).any()))
+        return self._final_cache[1]
+
+    def jump_forward_text(self) -> str:
+        if self._m.is_terminated():
+            return ""
+        return self._m.find_jump_forward_string()
+
+    def rollback(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens <= self._accepted:
+            raise ValueError(f"num_tokens: cannot roll back {num_tokens} of {self._accepted} tokens")
+        if num_tokens:
+            self._m.rollback(num_tokens)
+            self._accepted -= num_tokens
+            self._version += 1
+
+    @property
+    def num_accepted(self) -> int:
+        return self._accepted
