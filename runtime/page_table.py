@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from runtime.page_allocator import PageAllocator
+from runtime.radix_cache import RadixCache
 
 CopyFn = Callable[[list[int], list[int]], None]  # copy_fn(src_pages, dst_pages)
 
@@ -174,3 +175,18 @@ def kv_usage(allocator: PageAllocator, page_size: int, tables: Iterable[PageTabl
         stored_tokens=sum(fill.values()),
         cow_copies=stats.cow_copies if stats is not None else 0,
     )
+
+
+def memory_metrics(cache: RadixCache, tables: Iterable[PageTable],
+                   stats: PageTableStats) -> dict[str, float]:
+    """Every KV-memory metric in one flat dict (for the engine's / server's ``/metrics``):
+    prefix-cache hits, pages used/free/evictable/protected, evictions, COW copies, KV waste.
+    ``tables``: the page tables of the running requests; ``stats``: the engine's shared
+    ``PageTableStats``."""
+    usage = kv_usage(cache.allocator, cache.page_size, tables, cache.owned_pages(), stats)
+    return cache.metrics() | {
+        "cow_copies": usage.cow_copies,
+        "kv_allocated_slots": usage.allocated_slots,
+        "kv_stored_tokens": usage.stored_tokens,
+        "kv_waste_pct": usage.waste_pct,
+    }

@@ -38,12 +38,12 @@ class TreeNode:
 
     key: tuple[int, ...]
     pages: list[int]
-    parent: TreeNode | None
+    parent: TreeNode | None = field(repr=False)
     last_access: int = 0
     lock_ref: int = 0      # direct locks on this node + locks of every descendant
     alive: bool = True     # False once evicted or reset
     namespace: Hashable = None  # set on roots only
-    children: dict[tuple[int, ...], TreeNode] = field(default_factory=dict)
+    children: dict[tuple[int, ...], TreeNode] = field(default_factory=dict, repr=False)
 
 
 class MatchResult(NamedTuple):
@@ -253,6 +253,10 @@ class RadixCache:
     @property
     def cached_pages(self) -> int:
         return len(self._owned)
+
+    def owned_pages(self) -> frozenset[int]:
+        """Ids of the pages the tree holds a reference to (e.g. for ``page_table.kv_usage``)."""
+        return frozenset(self._owned)
 
     def metrics(self) -> dict[str, float]:
         a = self.allocator

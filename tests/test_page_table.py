@@ -7,7 +7,8 @@ from runtime.attention.torch_backend import TorchAttentionBackend
 from runtime.forward_batch import build_forward_batch
 from runtime.kv_pool import KVLayout, KVPool
 from runtime.page_allocator import OutOfPagesError, PageAllocator
-from runtime.page_table import PageTable, PageTableStats, kv_usage
+from runtime.page_table import PageTable, PageTableStats, kv_usage, memory_metrics
+from runtime.radix_cache import RadixCache
 
 LAYOUT = KVLayout(num_layers=3, num_kv_heads=2, head_dim=4, dtype=torch.float32)
 
@@ -182,3 +183,26 @@ def test_kv_usage_counts_shared_pages_once():
     # pages: full page (4) + parent/b's partial page (2) + a's copy (3)
     assert u.allocated_slots == 12 and u.stored_tokens == 9 and u.cow_copies == 1
     assert u.waste_pct == pytest.approx(25.0)
+
+
+def test_memory_metrics_combines_cache_and_tables():
+    alloc = PageAllocator(16)
+    cache = RadixCache(alloc, 4)
+    stats = PageTableStats()
+    done = PageTable(alloc, 4, stats)
+    done.reserve(9, nocopy)
+    done.commit(9)
+    cache.release_into_cache(list(range(9)), done.detach())   # 2 pages cached, partial freed
+    m = cache.match_prefix(list(range(8)) + [7, 7])
+    t = PageTable(alloc, 4, stats)
+    t.adopt_prefix(m.pages, 7)                                  # recompute token 7: COW
+    cache.lock(m.node)
+    t.reserve(3, nocopy)
+    t.commit(3)
+    got = memory_metrics(cache, [t], stats)
+    assert got["cow_copies"] == 1 and got["cached_pages"] == 2
+    assert got["pages_used"] == 4 and got["protected_pages"] == 2
+    # pages: tree page 0 (4, shared), tree page 1 (4), t's copy of page 1 (4), t's page 2 (2)
+    assert got["kv_allocated_slots"] == 16 and got["kv_stored_tokens"] == 14
+    assert got["kv_waste_pct"] == pytest.approx(12.5)
+    assert got["prefix_hit_tokens"] == 8 and got["prefix_queried_tokens"] == 10

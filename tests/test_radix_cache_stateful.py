@@ -201,7 +201,7 @@ def make_machine(page_size: int, num_pages: int):
                 for p in req.table.pages:
                     expected[p] += 1
                 assert self.kv_of(req.table.pages, len(req.tokens)) == prefix_hashes(req.tokens)
-            for p in self.cache._owned:
+            for p in self.cache.owned_pages():
                 expected[p] += 1
             assert expected == [self.alloc.refcount(p) for p in range(num_pages)]
             for root in self.cache._roots.values():
