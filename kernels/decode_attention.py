@@ -37,6 +37,7 @@ MAX_SPLITS = 64
 def _decode_stage1(
     Q, K, V, PageTable, SeqLens, Out, MidO, MidLse,
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    num_splits,  # runtime value: a new split count does not recompile
     stride_qb, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
@@ -45,15 +46,15 @@ def _decode_stage1(
     stride_mb, stride_mh, stride_ms,
     stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr,
+    DIRECT: tl.constexpr,  # one split: write the output, skip the merge
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
 
     seq_len = tl.load(SeqLens + b)
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
@@ -107,7 +108,7 @@ def _decode_stage1(
     # An empty split (short sequence) leaves l_i == 0: it writes o = 0 and lse = -inf.
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     mask_hd = mask_h[:, None] & mask_d[None, :]
-    if NUM_SPLITS == 1:
+    if DIRECT:
         tl.store(
             Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
             o.to(Out.dtype.element_ty), mask=mask_hd,
@@ -124,17 +125,17 @@ def _decode_stage1(
 @triton.jit
 def _decode_stage2(
     MidO, MidLse, Out,
+    num_splits,
     stride_mb, stride_mh, stride_ms,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < NUM_SPLITS
+    mask_s = offs_s < num_splits
     mask_d = offs_d < HEAD_DIM
     lse = tl.load(MidLse + b * stride_lb + h * stride_lh + offs_s, mask=mask_s,
                   other=float("-inf"))                                        # [BLOCK_S]
@@ -225,7 +226,7 @@ def decode_attention(
         mid_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)
     _decode_stage1[(B, Hkv, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, out, mid_o, mid_lse,
-        float(sm_scale) * LOG2E,
+        float(sm_scale) * LOG2E, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -233,19 +234,18 @@ def decode_attention(
         out.stride(0), out.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
-        GROUP=group, HEAD_DIM=D, PAGE_SIZE=S, NUM_SPLITS=num_splits,
+        GROUP=group, HEAD_DIM=D, PAGE_SIZE=S, DIRECT=num_splits == 1,
         BLOCK_H=next_pow2(group, 16), BLOCK_N=64 if block_d <= 128 else 32,
         BLOCK_D=block_d, DOT_F32=dot_f32,
         num_warps=4, num_stages=2,
     )
     if num_splits > 1:
         _decode_stage2[(B, Hq)](
-            mid_o, mid_lse, out,
+            mid_o, mid_lse, out, num_splits,
             mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
             mid_lse.stride(0), mid_lse.stride(1),
             out.stride(0), out.stride(1),
-            HEAD_DIM=D, NUM_SPLITS=num_splits,
-            BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d,
+            HEAD_DIM=D, BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d,
             num_warps=4,
         )
     return out

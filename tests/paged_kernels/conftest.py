@@ -3,6 +3,9 @@
 The interpreter is chosen when a ``@triton.jit`` function is defined, so ``TRITON_INTERPRET=1``
 must be set before :mod:`kernels` is first imported; pytest loads this file before the test
 modules beside it. Only triton reads the variable, so tests elsewhere are unaffected.
+
+(The folder is not called ``tests/kernels``: next to ``tests/conftest.py`` pytest puts ``tests/``
+on ``sys.path``, where a ``kernels`` folder would shadow the ``kernels`` package.)
 """
 
 import os
@@ -16,6 +19,6 @@ if "kernels" in sys.modules:  # imported earlier in this process, before the var
 
     if not is_interpreted(_decode_stage1):
         raise RuntimeError(
-            "kernels was imported before tests/kernels/conftest.py set TRITON_INTERPRET=1; "
+            "kernels was imported before tests/paged_kernels/conftest.py set TRITON_INTERPRET=1; "
             "run the kernel tests in their own pytest process"
         )

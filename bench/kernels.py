@@ -1,0 +1,325 @@
+"""Benchmark of the paged-attention kernels on a CUDA GPU.
+
+1. Checks every kernel against its float64 reference at real sizes (bf16 and fp32).
+2. Measures the device's copy bandwidth (a large device-to-device copy: read + write bytes),
+   the ceiling for the memory-bound kernels.
+3. Times (``triton.testing.do_bench``, median):
+   - decode attention, batch 1-256 x context 512-32k, for SmolLM2-like heads (9 q / 3 kv,
+     head_dim 64) and Llama-8B-like heads (32 / 8, head_dim 128), bf16, page_size 16, shuffled
+     pages; achieved GB/s counts the bytes it must read (K/V of every context token, Q, the
+     page-table entries) and write (out);
+   - extend attention against ``torch.nn.functional.scaled_dot_product_attention`` on the same
+     data laid out contiguously (K/V expanded to the query heads beforehand);
+   - KV store and page copy GB/s.
+Prints tables and writes JSON to ``$OUT/kernels.json`` (when ``OUT`` is set) or
+``bench/results/kernels.json``. Exits with code 1 if a check fails, 2 without CUDA.
+
+    python bench/kernels.py            # on a GPU, < 5 minutes
+    python bench/kernels.py --smoke    # CPU, Triton interpreter, tiny sizes: exercises the
+                                       # script itself (its numbers mean nothing), no JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+HEADS = {"smollm2 (9q/3kv, d64)": (9, 3, 64), "llama8b (32q/8kv, d128)": (32, 8, 128)}
+PAGE = 16
+
+
+@dataclass(frozen=True)
+class Sizes:
+    device: str
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    max_decode_tokens: int  # batch x context cap
+    check_len: int          # longest sequence in the checks
+    extend_cases: tuple[tuple[int, int, int], ...]  # (batch, prefix, new)
+    store_tokens: tuple[int, ...]
+    copy_layers: int
+    copy_pages: tuple[int, ...]
+    copy_bytes: int
+
+
+GPU = Sizes("cuda", (1, 8, 32, 64, 128, 256), (512, 2048, 4096, 8192, 16384, 32768),
+            1 << 22,  # 16 GB of K/V per layer for Llama-8B heads
+            4096, ((1, 0, 4096), (4, 0, 2048), (16, 0, 512), (4, 2048, 512)),
+            (256, 4096, 32768), 32, (1, 16, 256), 1 << 31)
+SMOKE = Sizes("cpu", (1, 2), (32, 80), 160, 40, ((2, 0, 16), (1, 16, 8)), (8,), 2, (1, 2),
+              1 << 20)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def bench_ms(fn, device: str) -> float:
+    """Median time of ``fn`` in ms (``do_bench`` on a GPU, one wall-clock run on CPU)."""
+    if device == "cpu":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def paged_context(lens, hkv, d, dtype, dev, page=PAGE, gen=None):
+    """K/V caches holding sequences of ``lens`` tokens in shuffled pages, plus their table."""
+    n_pages = [-(-n // page) for n in lens]
+    P = sum(n_pages) + 1
+    perm = torch.randperm(P, device=dev, generator=gen).int()
+    table = torch.zeros(len(lens), max(n_pages), dtype=torch.int32, device=dev)
+    i = 0
+    for b, k in enumerate(n_pages):
+        table[b, :k] = perm[i: i + k]
+        i += k
+    kc = torch.randn(P, page, hkv, d, device=dev, generator=gen).to(dtype)
+    vc = torch.randn(P, page, hkv, d, device=dev, generator=gen).to(dtype)
+    return kc, vc, table, torch.tensor(lens, dtype=torch.int32, device=dev)
+
+
+def run_checks(kernels, z: Sizes) -> list[dict]:
+    dev = z.device
+    gen = torch.Generator(device=dev).manual_seed(0)
+    checks = []
+
+    def record(name, err, tol):
+        ok = err <= tol
+        checks.append({"check": name, "rel_err": err, "tol": tol, "ok": ok})
+        print(f"  {'ok  ' if ok else 'FAIL'} {name:48s} rel_err {err:.2e} (tol {tol:.0e})")
+
+    print("checks against the float64 references")
+    for (hq, hkv, d), page in (((32, 8, 128), 16), ((9, 3, 64), 1), ((9, 3, 64), 32)):
+        lens = torch.randint(1, z.check_len + 1, (16,), generator=gen, device=dev).tolist()
+        lens[0] = 1
+        for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float32, 1e-5)):
+            kc, vc, table, sl = paged_context(lens, hkv, d, dtype, dev, page, gen)
+            q = torch.randn(16, hq, d, device=dev, generator=gen).to(dtype)
+            args = (q, kc, vc, table, sl, d**-0.5)
+            out = torch.full(q.shape, float("nan"), dtype=dtype, device=dev)
+            kernels.decode_attention(*args, out=out)
+            record(f"decode {hq}/{hkv} d{d} page{page} {dtype}",
+                   rel_err(out, kernels.decode_attention_ref(*args)), tol)
+
+    for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float32, 1e-5)):
+        prefix = [0, z.check_len // 4, 37, z.check_len // 2]
+        ext = [z.check_len // 6, 1, z.check_len // 8 + 1, z.check_len // 16]
+        kc, vc, table, sl = paged_context([p + e for p, e in zip(prefix, ext)], 8, 128, dtype,
+                                          dev, gen=gen)
+        starts = torch.tensor([0, *torch.tensor(ext).cumsum(0).tolist()], dtype=torch.int32,
+                              device=dev)
+        q = torch.randn(sum(ext), 32, 128, device=dev, generator=gen).to(dtype)
+        args = (q, kc, vc, table, starts, torch.tensor(prefix, dtype=torch.int32, device=dev),
+                sl, 128**-0.5)
+        out = torch.full(q.shape, float("nan"), dtype=dtype, device=dev)
+        kernels.extend_attention(*args, out=out)
+        record(f"extend 32/8 d128 page16 {dtype}",
+               rel_err(out, kernels.extend_attention_ref(*args)), tol)
+
+    kc = torch.randn(32, 16, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
+    vc = torch.randn(32, 16, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
+    k = torch.randn(256, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
+    v = torch.randn(256, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
+    slots = torch.randperm(32 * 16, device=dev, generator=gen)[:256]
+    want = kernels.store_kv_ref(k, v, kc, vc, slots)
+    kernels.store_kv(k, v, kc, vc, slots)
+    same = torch.equal(kc, want[0]) and torch.equal(vc, want[1])
+    record("kv store bf16 (1 = not bitwise equal)", float(not same), 0)
+
+    buf = torch.randn(4, 2, 64, 16, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
+    src, dst = torch.arange(0, 20, device=dev), torch.arange(40, 60, device=dev)
+    want = kernels.copy_pages_ref(buf, src, dst)
+    kernels.copy_pages(buf, src, dst)
+    record("page copy bf16 (1 = not bitwise equal)", float(not torch.equal(buf, want)), 0)
+    return checks
+
+
+def copy_bandwidth(z: Sizes) -> float:
+    src = torch.empty(z.copy_bytes, dtype=torch.uint8, device=z.device).random_()
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src), z.device)
+    return 2 * src.numel() / ms / 1e6  # GB/s, read + write
+
+
+def bench_decode(kernels, z: Sizes, ceiling: float, sms: int) -> list[dict]:
+    dev, rows = z.device, []
+    for name, (hq, hkv, d) in HEADS.items():
+        pages = z.max_decode_tokens // PAGE
+        kc = torch.randn(pages, PAGE, hkv, d, device=dev, dtype=torch.bfloat16)
+        vc = torch.randn(pages, PAGE, hkv, d, device=dev, dtype=torch.bfloat16)
+        elt = kc.element_size()
+        print(f"\ndecode attention, {name}, bf16, page {PAGE}  (GB/s; % of copy bandwidth)")
+        print(f"  {'batch':>5s} " + " ".join(f"{c:>15d}" for c in z.contexts))
+        for B in z.batches:
+            cells = []
+            for ctx in z.contexts:
+                if B * ctx > z.max_decode_tokens:
+                    cells.append(f"{'-':>15s}")
+                    continue
+                n = ctx // PAGE
+                table = torch.randperm(pages, device=dev)[: B * n].view(B, n).int()
+                sl = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+                q = torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16)
+                out = torch.empty_like(q)
+                ms = bench_ms(lambda: kernels.decode_attention(
+                    q, kc, vc, table, sl, d**-0.5, out=out, max_seq_len=ctx, check_indices=False),
+                    dev)
+                nbytes = 2 * B * ctx * hkv * d * elt + 2 * B * hq * d * elt + B * n * 4
+                gbs = nbytes / ms / 1e6
+                rows.append({"heads": name, "batch": B, "context": ctx, "ms": ms, "bytes": nbytes,
+                             "GBps": gbs, "pct_of_copy": 100 * gbs / ceiling,
+                             "num_splits": kernels.choose_num_splits(ctx, B, hkv, sms)})
+                cells.append(f"{gbs:8.0f} ({100 * gbs / ceiling:3.0f}%)")
+            print(f"  {B:5d} " + " ".join(cells))
+        del kc, vc
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def bench_extend(kernels, z: Sizes) -> list[dict]:
+    import torch.nn.functional as F
+
+    dev, rows = z.device, []
+    print("\nextend attention vs SDPA on contiguous data, bf16, page 16")
+    print(f"  {'heads':24s} {'batch':>5s} {'prefix':>6s} {'new':>5s} {'triton ms':>9s} "
+          f"{'sdpa ms':>8s} {'ratio':>6s} {'TFLOP/s':>7s} {'rel_err':>8s}")
+    for name, (hq, hkv, d) in HEADS.items():
+        for B, prefix, new in z.extend_cases:
+            ctx = prefix + new
+            kc, vc, table, sl = paged_context([ctx] * B, hkv, d, torch.bfloat16, dev)
+            q = torch.randn(B * new, hq, d, device=dev, dtype=torch.bfloat16)
+            starts = torch.arange(0, B * new + 1, new, dtype=torch.int32, device=dev)
+            pl = torch.full((B,), prefix, dtype=torch.int32, device=dev)
+            out = torch.empty_like(q)
+            t_ms = bench_ms(lambda: kernels.extend_attention(
+                q, kc, vc, table, starts, pl, sl, d**-0.5, out=out, max_extend_len=new,
+                check_indices=False), dev)
+            # the same data, contiguous: [B, Hq, L, D], K/V expanded to the query heads
+            pages = table[:, : -(-ctx // PAGE)].long()
+            k = kc[pages].flatten(1, 2)[:, :ctx].transpose(1, 2).repeat_interleave(hq // hkv, 1)
+            v = vc[pages].flatten(1, 2)[:, :ctx].transpose(1, 2).repeat_interleave(hq // hkv, 1)
+            qc = q.view(B, new, hq, d).transpose(1, 2).contiguous()
+            k, v = k.contiguous(), v.contiguous()
+            if prefix == 0:
+                sdpa = lambda: F.scaled_dot_product_attention(qc, k, v, is_causal=True)  # noqa: E731
+            else:
+                mask = (torch.arange(ctx, device=dev)[None, :]
+                        <= prefix + torch.arange(new, device=dev)[:, None])
+                sdpa = lambda: F.scaled_dot_product_attention(qc, k, v, attn_mask=mask)  # noqa: E731
+            s_ms = bench_ms(sdpa, dev)
+            err = rel_err(out.view(B, new, hq, d).transpose(1, 2), sdpa())
+            pairs = B * (prefix * new + new * (new + 1) / 2)
+            tflops = 4 * pairs * hq * d / t_ms / 1e9
+            rows.append({"heads": name, "batch": B, "prefix": prefix, "new": new,
+                         "triton_ms": t_ms, "sdpa_ms": s_ms, "ratio": t_ms / s_ms,
+                         "TFLOPs": tflops, "rel_err_vs_sdpa": err})
+            print(f"  {name:24s} {B:5d} {prefix:6d} {new:5d} {t_ms:9.3f} {s_ms:8.3f} "
+                  f"{t_ms / s_ms:6.2f} {tflops:7.1f} {err:8.1e}")
+            del kc, vc, k, v
+    return rows
+
+
+def bench_kv_ops(kernels, z: Sizes, ceiling: float) -> list[dict]:
+    dev, rows = z.device, []
+    print("\nKV store and page copy, llama8b heads (8 kv, d128), bf16  (GB/s; % of copy bw)")
+    for T in z.store_tokens:
+        P = 2 * T // PAGE
+        kc = torch.zeros(P, PAGE, 8, 128, device=dev, dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        k = torch.randn(T, 8, 128, device=dev, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        slots = torch.randperm(P * PAGE, device=dev)[:T]
+        ms = bench_ms(lambda: kernels.store_kv(k, v, kc, vc, slots, check_indices=False), dev)
+        nbytes = 4 * k.numel() * k.element_size() + T * 8  # read k, v; write them; slots
+        gbs = nbytes / ms / 1e6
+        rows.append({"op": "kv_store", "tokens": T, "ms": ms, "bytes": nbytes, "GBps": gbs,
+                     "pct_of_copy": 100 * gbs / ceiling})
+        print(f"  kv store  {T:6d} tokens          {ms * 1e3:9.1f} us {gbs:8.0f} GB/s "
+              f"({100 * gbs / ceiling:3.0f}%)")
+    L, P = z.copy_layers, 4 * max(z.copy_pages)
+    buf = torch.zeros(L, 2, P, PAGE, 8, 128, device=dev, dtype=torch.bfloat16)
+    for n in z.copy_pages:
+        perm = torch.randperm(P, device=dev)
+        src, dst = perm[:n], perm[n: 2 * n]
+        ms = bench_ms(lambda: kernels.copy_pages(buf, src, dst, check_indices=False), dev)
+        nbytes = 2 * n * L * 2 * buf[0, 0, 0].numel() * buf.element_size()
+        gbs = nbytes / ms / 1e6
+        rows.append({"op": "page_copy", "pages": n, "layers": L, "ms": ms, "bytes": nbytes,
+                     "GBps": gbs, "pct_of_copy": 100 * gbs / ceiling})
+        print(f"  page copy {n:4d} pages x {L:2d} layers {ms * 1e3:9.1f} us {gbs:8.0f} GB/s "
+              f"({100 * gbs / ceiling:3.0f}%)")
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true",
+                    help="run the script on CPU under the Triton interpreter with tiny sizes")
+    smoke = ap.parse_args().smoke
+    if smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before kernels (and its @triton.jit) is imported
+    elif not torch.cuda.is_available():
+        print("bench/kernels.py needs a CUDA GPU and torch sees none; nothing was measured. "
+              "The kernels' CPU checks are `pytest tests/paged_kernels` (Triton interpreter); "
+              "`python bench/kernels.py --smoke` runs this script on CPU with tiny sizes.",
+              file=sys.stderr)
+        return 2
+    elif os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("unset TRITON_INTERPRET: the benchmark times compiled kernels", file=sys.stderr)
+        return 2
+    import triton
+
+    # this script's own folder is sys.path[0] and holds a kernels.py (this file): import the
+    # kernels package from the repository root instead
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    sys.path.insert(0, str(here.parent))
+    import kernels
+
+    z = SMOKE if smoke else GPU
+    t0 = time.time()
+    torch.manual_seed(0)
+    if smoke:
+        name, sms = "cpu (Triton interpreter, smoke run: timings are meaningless)", 1
+    else:
+        props = torch.cuda.get_device_properties(0)
+        name, sms = props.name, props.multi_processor_count
+    print(f"device: {name}, {sms} SMs, torch {torch.__version__}, triton {triton.__version__}")
+    checks = run_checks(kernels, z)
+    ceiling = copy_bandwidth(z)
+    print(f"\ndevice copy bandwidth ({z.copy_bytes >> 20} MiB D2D, read + write): "
+          f"{ceiling:.0f} GB/s")
+    result = {
+        "device": name, "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
+        "python": platform.python_version(), "copy_bandwidth_GBps": ceiling, "checks": checks,
+        "decode": bench_decode(kernels, z, ceiling, sms),
+        "extend": bench_extend(kernels, z),
+        "kv_ops": bench_kv_ops(kernels, z, ceiling),
+    }
+    result["seconds"] = time.time() - t0
+    if not smoke:
+        out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).parent / "results"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "kernels.json").write_text(json.dumps(result, indent=1))
+        print(f"\nwrote {out_dir / 'kernels.json'}")
+    print(f"done in {result['seconds']:.0f} s")
+    failed = [c["check"] for c in checks if not c["ok"]]
+    if failed:
+        print(f"FAILED checks: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
