@@ -94,9 +94,9 @@ class ProgramState:
 
         @contextmanager
         def scope() -> Iterator[None]:
-            self += RoleBegin(role)
+            self.__iadd__(RoleBegin(role))
             yield
-            self += RoleEnd(role)
+            self.__iadd__(RoleEnd(role))
 
         return scope()
 

@@ -222,11 +222,19 @@ class TraceStream:
 
 def trace_program(program: Any, template: ChatTemplate, arguments: dict[str, Any],
                   strict: bool = True, stop_at_first_generation: bool = False) -> Graph:
-    """Trace ``program`` with ``arguments`` (missing ones become placeholders). ``strict``:
+    """Trace ``program`` with ``arguments`` (missing ones take their default value or become
+    placeholders). ``strict``:
     errors propagate; otherwise the graph so far is returned with ``truncated`` set."""
     builder = GraphBuilder(template, stop_at_first_generation)
     root = TraceStream(builder)
-    args = {name: arguments.get(name, Argument(name)) for name in program.arg_names}
+    args = {}
+    for param in program.params:  # missing: the default if there is one, else a placeholder
+        if param.name in arguments:
+            args[param.name] = arguments[param.name]
+        elif param.default is not param.empty:
+            args[param.name] = param.default
+        else:
+            args[param.name] = Argument(param.name)
     for name, value in arguments.items():
         args.setdefault(name, value)
     truncated = None

@@ -1,0 +1,104 @@
+"""``agentlang.Runtime``: the in-process engine (``runtime.Engine``) as a backend.
+
+The engine's background loop is started at construction, so generations submitted from many
+program threads at once (forks, ``run_batch``, ``arun``) are batched together. ``select``
+scores choices with ``Engine.score`` (the prompt is prefilled once and shared); forks and
+batches pin shared prefixes with ``Engine.cache_prefix`` / ``release_prefix``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from agentlang.backends.base import Backend, Capabilities, GenResult, Prompt, StreamDelta
+from agentlang.chat_template import ChatTemplate, derive_chat_template
+from agentlang.sampling import SamplingOptions
+
+
+def engine_option_names() -> list[str]:
+    from runtime.engine_config import EngineConfig
+
+    return sorted(f.name for f in dataclasses.fields(EngineConfig) if f.name != "model")
+
+
+class Runtime(Backend):
+    capabilities = Capabilities()
+
+    def __init__(self, model: str = "default", **engine_args: Any):
+        accepted = engine_option_names()
+        unknown = sorted(set(engine_args) - set(accepted))
+        if unknown:
+            raise ValueError(f"unknown Runtime option(s) {unknown}; accepted: "
+                             f"{', '.join(accepted)}")
+        from runtime import Engine
+
+        self.engine = Engine(model=model, **engine_args)
+        self.engine.start_background_loop()
+        self._template = derive_chat_template(
+            lambda messages, gen: self.engine.apply_chat_template(messages, gen),
+            name=self.engine.model_name)
+
+    # -- interface ---------------------------------------------------------------------
+    def chat_template(self) -> ChatTemplate:
+        return self._template
+
+    def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
+        out = self.engine.generate(prompt.text, self.sampling_params(opts))
+        return self._result(out)
+
+    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[StreamDelta]:
+        for d in self.engine.generate_stream(prompt.text, self.sampling_params(opts)):
+            yield StreamDelta(d.text, self._result(d.output) if d.output is not None else None)
+
+    def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
+        if prefix:
+            return self.engine.score(prefix, continuations)
+        # Unconditional: each continuation alone; its first token has no context (None).
+        from runtime import SamplingParams
+
+        outs = self.engine.generate(list(continuations),
+                                    SamplingParams(max_tokens=1, prompt_logprobs=0))
+        return [list(o.prompt_logprobs or []) for o in outs]
+
+    def cache_prefix(self, text: str) -> Any:
+        return self.engine.cache_prefix(text)
+
+    def release_prefix(self, handle: Any) -> None:
+        self.engine.release_prefix(handle)
+
+    def metrics(self) -> dict:
+        return self.engine.metrics()
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+    shutdown = close  # SGLang's name
+
+    # -- mapping -----------------------------------------------------------------------
+    @staticmethod
+    def sampling_params(opts: SamplingOptions) -> Any:
+        from runtime import SamplingParams
+
+        fields = dict(
+            max_tokens=opts.max_tokens, min_tokens=opts.min_tokens or 0,
+            temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
+            min_p=opts.min_p, repetition_penalty=opts.repetition_penalty,
+            frequency_penalty=opts.frequency_penalty, presence_penalty=opts.presence_penalty,
+            seed=opts.seed, stop=list(opts.stop or ()),
+            stop_token_ids=list(opts.stop_token_ids or ()), ignore_eos=opts.ignore_eos,
+            logprobs=opts.logprobs, json_schema=opts.json_schema, regex=opts.regex,
+            grammar=opts.grammar, value_type=opts.value_type)
+        return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
+
+    @staticmethod
+    def _result(out: Any) -> GenResult:
+        if getattr(out, "error", None):
+            raise RuntimeError(f"the engine failed this generation: {out.error}")
+        first = out.outputs[0]
+        logprobs = None
+        if first.logprobs is not None:
+            logprobs = [(t.logprob, t.token_id, list(t.top)) for t in first.logprobs]
+        return GenResult(first.text, first.finish_reason or "stop", first.matched_stop,
+                         dict(out.meta), logprobs)
