@@ -24,7 +24,7 @@ from runtime.sampler import TokenLogprob
 from runtime.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)
 class RequestGroup:
     rid: str
     prompt_ids: list[int]
@@ -64,7 +64,7 @@ class RequestGroup:
                              self.prompt_logprobs, self.error)
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
     group: RequestGroup
     index: int
