@@ -68,7 +68,7 @@ def _cut(text: str, sentinel: str, start: int) -> tuple[str, int]:
     """Text from ``start`` up to the sentinel, and the index just past the sentinel."""
     i = text.find(sentinel, start)
     if i < 0:
-        raise ValueError("the chat template dropped a message's content; it cannot be "
+        raise ValueError("chat template dropped a message's content; it cannot be "
                          "rendered incrementally")
     return text[start:i], i + len(sentinel)
 
@@ -76,6 +76,16 @@ def _cut(text: str, sentinel: str, start: int) -> tuple[str, int]:
 def derive_chat_template(render: Render, name: str = "model") -> ChatTemplate:
     """Probe ``render`` with sentinel messages; raises ValueError for templates that do not
     render each message as prefix + content + suffix (e.g. ones merging system into user)."""
+    try:
+        return _derive(render, name)
+    except (ValueError, IndexError) as e:
+        if str(e).startswith("chat template"):
+            raise
+        raise ValueError(f"chat template {name!r} cannot be rendered message by message "
+                         f"({e}); agentlang needs prefix + content + suffix per message") from None
+
+
+def _derive(render: Render, name: str) -> ChatTemplate:
     s, u, a = _SENT["system"], _SENT["user"], _SENT["assistant"]
     full = render([{"role": "system", "content": s}, {"role": "user", "content": u},
                    {"role": "assistant", "content": a}], False)

@@ -1,0 +1,324 @@
+"""Backends without a model: chat-template derivation, Mock determinism, RuntimeEndpoint and
+OpenAI wire formats against in-process fake servers (httpx.MockTransport)."""
+
+import json
+
+import httpx
+import pydantic
+import pytest
+
+import agentlang as al
+from agentlang.backends.base import Prompt, UnsupportedFeatureError
+from agentlang.chat_template import derive_chat_template
+from agentlang.sampling import make_options, run_defaults
+
+SMOL_SYS = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def smollm_render(messages, add_generation_prompt):
+    out = ""
+    for i, m in enumerate(messages):
+        if i == 0 and messages[0]["role"] != "system":
+            out += f"<|im_start|>system\n{SMOL_SYS}<|im_end|>\n"
+        out += f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+    return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def llama3_render(messages, add_generation_prompt):
+    out = "<|begin_of_text|>"
+    for m in messages:
+        out += f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>"
+    if add_generation_prompt:
+        out += "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    return out
+
+
+def llama2_render(messages, add_generation_prompt):
+    sys = next((m["content"] for m in messages if m["role"] == "system"), None)
+    out = ""
+    for m in messages:
+        if m["role"] == "user":
+            c = (f"<<SYS>>\n{sys}\n<</SYS>>\n\n" if sys else "") + m["content"]
+            out += f"<s>[INST] {c} [/INST]"
+        elif m["role"] == "assistant":
+            out += f" {m['content']} </s>"
+    return out
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+     {"role": "assistant", "content": "A"}, {"role": "user", "content": "U2"}],
+]
+
+
+@pytest.mark.parametrize("render, default, preamble", [
+    (smollm_render, SMOL_SYS, ""), (llama3_render, None, "<|begin_of_text|>")])
+def test_derived_template_renders_like_the_original(render, default, preamble):
+    t = derive_chat_template(render)
+    assert t.default_system_prompt == default and t.preamble == preamble
+    for conv in CONVERSATIONS:
+        assert t.render(conv, add_generation_prompt=True) == render(conv, True)
+
+
+def test_program_text_equals_template_rendering():
+    t = derive_chat_template(llama3_render)
+
+    class Llama3Mock(al.Mock):
+        def chat_template(self):
+            return t
+
+    @al.function
+    def prog(s):
+        s += al.user("hi")
+        s += al.assistant("there")
+
+    st = prog.run(backend=Llama3Mock())
+    assert st.text() == llama3_render(st.messages(), False)
+
+
+def test_unstructured_template_is_rejected():
+    with pytest.raises(ValueError, match="chat template"):
+        derive_chat_template(llama2_render)
+
+
+def test_mock_is_deterministic():
+    m1, m2 = al.Mock(), al.Mock()
+    opts = run_defaults()
+    for opts in (run_defaults(), make_options(regex=al.REGEX_FLOAT).merged_over(run_defaults()),
+                 make_options(json_schema={"type": "array", "items": {"type": "number"}})
+                 .merged_over(run_defaults())):
+        a = m1.generate(Prompt("same prompt"), opts)
+        assert a == m2.generate(Prompt("same prompt"), opts)
+    assert m1.score("p", ["x", "yy"]) == m2.score("p", ["x", "yy"])
+    assert m1.generate(Prompt("a"), run_defaults()) != m1.generate(Prompt("b"), run_defaults())
+
+
+# -- RuntimeEndpoint against a fake native server ----------------------------------------------
+class FakeServer:
+    """Implements the native API over a Mock, recording requests."""
+
+    def __init__(self):
+        self.mock = al.Mock({"Answer: ": "yes", "Q: ": "streamed answer"}, chunk_size=4)
+        self.requests = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        body = json.loads(request.content) if request.content else {}
+        self.requests.append((path, body, dict(request.headers)))
+        if path == "/apply_chat_template":
+            return httpx.Response(200, json={"text": smollm_render(
+                body["messages"], body.get("add_generation_prompt", True))})
+        if path == "/get_model_info":
+            return httpx.Response(200, json={"model_path": "fake"})
+        if path == "/score":
+            return httpx.Response(200, json={"logprobs": self.mock.score(
+                body["prefix"], body["continuations"])})
+        if path == "/cache_prefix":
+            return httpx.Response(200, json={"handle": f"h{self.mock.cache_prefix(body['text'])}"})
+        if path == "/release_prefix":
+            self.mock.release_prefix(int(body["handle"][1:]))
+            return httpx.Response(200, json={})
+        if path == "/generate":
+            sp = body["sampling_params"]
+            if sp.get("max_tokens", 1) > 1000:
+                return httpx.Response(400, json={"detail": "sampling_params.max_tokens: too big"})
+            opts = make_options(**{k: v for k, v in sp.items() if k not in ("value_type",)},
+                                dtype=sp.get("value_type")).merged_over(run_defaults())
+            result = self.mock.generate(Prompt(body["text"]), opts)
+            final = {"text": result.text, "output_ids": [ord(c) for c in result.text],
+                     "meta_info": {**result.meta, "finish_reason": {
+                         "type": result.finish_reason, "matched": result.matched_stop}}}
+            if body.get("return_logprob"):
+                final["meta_info"]["output_token_logprobs"] = [[-0.5, ord(c)]
+                                                               for c in result.text]
+                final["meta_info"]["input_token_logprobs"] = [[None, 1], [-1.0, 2]]
+            if not body.get("stream"):
+                return httpx.Response(200, json=final)
+            events = [json.dumps({**final, "text": result.text[:i]})
+                      for i in range(0, len(result.text), 4)] + [json.dumps(final)]
+            sse = "".join(f"data: {e}\n\n" for e in events) + "data: [DONE]\n\n"
+            return httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
+        return httpx.Response(404, json={"detail": "not found"})
+
+
+@pytest.fixture
+def endpoint():
+    server = FakeServer()
+    backend = al.RuntimeEndpoint("http://fake", api_key="k3y",
+                                 transport=httpx.MockTransport(server))
+    yield backend, server
+    backend.close()
+
+
+def test_endpoint_program_with_roles_fork_select_and_schema(endpoint):
+    backend, server = endpoint
+
+    class Out(pydantic.BaseModel):
+        ok: bool
+
+    @al.function
+    def prog(s):
+        s += al.user("Is it?")
+        s += al.assistant_begin() + "Answer: " + al.select("a", ["yes", "no"]) + "\n"
+        forks = s.fork(2)
+        forks += al.gen("j", json_schema=Out, max_tokens=30)
+        forks.join()
+        s += al.assistant_end()
+
+    st = prog.run(backend=backend, temperature=0)
+    assert st["a"] == "yes" and all(Out.model_validate_json(j) for j in st["j"])
+    assert st.text().startswith(f"<|im_start|>system\n{SMOL_SYS}")
+    paths = [p for p, _, _ in server.requests]
+    assert paths.count("/cache_prefix") == 1 and paths.count("/release_prefix") == 1
+    gen = next(b for p, b, _ in server.requests if p == "/generate")
+    assert gen["sampling_params"]["json_schema"] == Out.model_json_schema()
+    assert gen["sampling_params"]["temperature"] == 0 and gen["stream"] is False
+    assert all(h["authorization"] == "Bearer k3y" for _, _, h in server.requests)
+
+
+def test_endpoint_streaming_and_logprobs(endpoint):
+    backend, _ = endpoint
+
+    @al.function
+    def prog(s):
+        s += "Q: " + al.gen("a", max_tokens=40, return_logprob=True)
+
+    st = prog.run(backend=backend, stream=True)
+    assert list(st.text_iter("a")) == ["stre", "amed", " ans", "wer"]
+    assert st.get_meta_info("a")["output_token_logprobs"][0] == (-0.5, ord("s"))
+    assert backend.score("", ["ab"]) == [[None, -1.0]]
+
+
+def test_endpoint_errors_name_the_field(endpoint):
+    backend, _ = endpoint
+    with pytest.raises(ValueError, match="max_tokens: too big"):
+        backend.generate(Prompt("x"), make_options(max_tokens=5000).merged_over(run_defaults()))
+    with pytest.raises(ValueError, match="must be an http"):
+        al.RuntimeEndpoint("localhost:3000")
+    assert backend.get_model_info() == {"model_path": "fake"}
+
+
+# -- OpenAI against a fake OpenAI-compatible server -----------------------------------------
+def openai_handler(log, logprobs=True):
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        log.append((request.url.path, body))
+        if request.url.path.endswith("/chat/completions"):
+            text = "chat reply"
+            if body.get("stream"):
+                chunks = [{"id": "c", "object": "chat.completion.chunk", "created": 0,
+                           "model": "m", "choices": [{"index": 0, "delta": {"content": piece},
+                                                      "finish_reason": None}]}
+                          for piece in ("chat ", "reply")]
+                chunks[-1]["choices"][0]["finish_reason"] = "stop"
+                sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+                return httpx.Response(200, text=sse,
+                                      headers={"content-type": "text/event-stream"})
+            return httpx.Response(200, json={
+                "id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+        prompt = body["prompt"]
+        lp = None
+        if body.get("echo") and logprobs:
+            offsets = list(range(len(prompt)))
+            scores = [-0.1 if "yes" in prompt[max(0, i - 2):i + 3] else -3.0 for i in offsets]
+            lp = {"tokens": list(prompt), "token_logprobs": [None] + scores[1:],
+                  "text_offset": offsets, "top_logprobs": None}
+        return httpx.Response(200, json={
+            "id": "t", "object": "text_completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "text": "" if body.get("echo") else " completion",
+                         "finish_reason": "length", "logprobs": lp}]})
+    return handle
+
+
+def make_openai(log, api="chat", logprobs=True):
+    import openai
+
+    client = openai.OpenAI(api_key="x", base_url="http://fake/v1", http_client=httpx.Client(
+        transport=httpx.MockTransport(openai_handler(log, logprobs))))
+    return al.OpenAI("m", api=api, client=client)
+
+
+def test_openai_chat_messages_and_response_format():
+    log = []
+    backend = make_openai(log)
+
+    @al.function
+    def prog(s):
+        s += al.system("Be brief.")
+        s += al.user("Hi")
+        s += al.assistant(al.gen("r", max_tokens=9, json_schema={"type": "object"}))
+
+    st = prog.run(backend=backend, temperature=0)
+    assert st["r"] == "chat reply" and st.get_meta_info("r")["prompt_tokens"] == 5
+    path, body = log[-1]
+    assert path.endswith("/chat/completions")
+    assert body["messages"] == [{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": "Hi"}]
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["max_tokens"] == 9 and "stop" not in body
+
+    @al.function
+    def streamed(s):
+        s += al.user("Hi") + al.assistant(al.gen("r"))
+
+    st = streamed.run(backend=backend, stream=True)
+    assert list(st.text_iter("r")) == ["chat ", "reply"]
+
+
+@pytest.mark.parametrize("expr, match", [
+    (lambda: al.gen("x", regex="a+"), "cannot honour regex"),
+    (lambda: al.gen("x", grammar='start: "a"'), "cannot honour grammar"),
+    (lambda: al.gen_int("x"), "cannot honour dtype"),
+    (lambda: al.gen("x", top_k=5), "cannot honour top_k"),
+    (lambda: al.gen("x", stop_token_ids=[3]), "cannot honour stop_token_ids"),
+    (lambda: al.select("x", ["a", "b"]), "does not return"),
+])
+def test_openai_unsupported_features_raise(expr, match):
+    @al.function
+    def prog(s):
+        s += al.user("Hi") + al.assistant(expr())
+
+    with pytest.raises(UnsupportedFeatureError, match=match):
+        prog.run(backend=make_openai([]))
+
+
+def test_openai_chat_needs_a_fresh_assistant_turn():
+    @al.function
+    def prog(s):
+        s += al.user("Hi") + al.assistant_begin() + "Sure: " + al.gen("x")
+
+    with pytest.raises(UnsupportedFeatureError, match="whole assistant message"):
+        prog.run(backend=make_openai([]))
+
+
+def test_openai_completions_api_select_and_no_prefix_cache():
+    log = []
+    backend = make_openai(log, api="completions")
+
+    @al.function
+    def prog(s):
+        s += "Answer: " + al.select("a", ["no", "yes"]) + "\n"
+        forks = s.fork(2)
+        forks += al.gen("g", max_tokens=4)
+        forks.join()
+
+    st = prog.run(backend=backend)
+    assert st["a"] == "yes" and st["g"] == [" completion", " completion"]
+    assert all(body.get("echo") for p, body in log[:2])
+    assert log[2][1]["prompt"] == "Answer: yes\n" and log[2][1]["max_tokens"] == 4
+    assert not backend.capabilities.prefix_cache
+    with pytest.raises(UnsupportedFeatureError, match="no prefix cache"):
+        backend.cache_prefix("x")
+
+
+def test_openai_server_without_prompt_logprobs_cannot_select():
+    @al.function
+    def prog(s):
+        s += "A: " + al.select("a", ["x", "y"])
+
+    with pytest.raises(UnsupportedFeatureError, match="did not return prompt logprobs"):
+        prog.run(backend=make_openai([], api="completions", logprobs=False))
