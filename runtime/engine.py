@@ -56,7 +56,8 @@ class Engine:
         self.model = LlamaModel.from_pretrained(resolved.path, cfg.torch_dtype, self.device)
         self.model_config = mc = self.model.config
         self.tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-        self.kv_layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.torch_dtype)
+        self.kv_layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.torch_dtype,
+                                  cfg.kv_dtype)
         budget = cfg.kv_budget_mb if cfg.kv_budget_mb is not None else 512.0
         self.pool = KVPool(self.kv_layout, cfg.page_size, num_pages=cfg.num_pages,
                            budget_mb=budget, device=self.device)
@@ -72,7 +73,9 @@ class Engine:
         self.eos_ids = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             self.eos_ids.add(self.tokenizer.eos_token_id)
-        self.namespace_base = (self.model_name, str(cfg.torch_dtype), cfg.kv_dtype)
+        # The effective KV storage dtype keys the prefix cache: pages stored at one precision
+        # are never served to another.
+        self.namespace_base = (self.model_name, str(cfg.torch_dtype), self.kv_layout.kv_dtype_name)
         self.processor = OutputProcessor(self)
         self._rng = random.Random(cfg.seed)
         self._ids = itertools.count()

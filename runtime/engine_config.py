@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.kv_quant import check_kv_dtype_support
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -17,7 +19,7 @@ class EngineConfig:
     page_size: int = 16
     kv_budget_mb: float | None = None     # default: 512 MB on CPU, 40% of free memory on GPU
     num_pages: int | None = None          # overrides kv_budget_mb
-    kv_dtype: str = "auto"
+    kv_dtype: str = "auto"                # "auto" (model dtype) | "int8" | "fp8_e4m3" | "fp8_e5m2"
     max_batch_tokens: int = 2048
     max_running: int = 64
     max_wait_steps: int = 64
@@ -44,9 +46,10 @@ class EngineConfig:
                 f"grammar_backend must be 'xgrammar' or 'outlines', got {self.grammar_backend!r}"
             )
         try:
-            torch.device(self.device)
+            device = torch.device(self.device)
         except RuntimeError as e:
             raise ValueError(f"device: {e}") from None
+        check_kv_dtype_support(self.kv_dtype, device, self.attention_backend)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -2,14 +2,19 @@
 
 Layout (contiguous, one allocation)::
 
-    buffer: [num_layers, 2, num_pages, page_size, num_kv_heads, head_dim]
+    buffer: [num_layers, 2, num_pages, page_size, num_kv_heads, head_dim]   storage dtype
              layer      K/V
+    scales: [num_layers, 2, num_pages, page_size, num_kv_heads]   float16, quantized pools only
 
-``k_cache(layer)`` / ``v_cache(layer)`` are views ``[num_pages, page_size, kv_heads, head_dim]``.
-A token's *slot* is ``page * page_size + offset``; ``k_cache(layer).view(-1, H, D)[slot]`` is its K.
-Copying a page across every layer (copy-on-write) is one indexed copy on dim 2.
+``k_cache(layer)`` / ``v_cache(layer)`` are views ``[num_pages, page_size, kv_heads, head_dim]``
+of the stored values (``k_scale(layer)`` / ``v_scale(layer)``: ``[num_pages, page_size,
+kv_heads]``). A token's *slot* is ``page * page_size + offset``. Copying a page across every
+layer (copy-on-write) is one indexed copy on dim 2 of ``buffer`` (and of ``scales``).
 
-The pool is sized once, from a page count or a memory budget, never per request.
+Readers and writers outside the kernels go through :meth:`KVPool.store` (quantizes when the
+pool is quantized) and :meth:`KVPool.gather` (dequantizes to the compute dtype); see
+:mod:`runtime.kv_quant` for the formats. The pool is sized once, from a page count or a memory
+budget, never per request.
 """
 
 from __future__ import annotations
@@ -18,19 +23,51 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.kv_quant import SCALE_DTYPE, KVFormat, dequantize, kv_dtype_name, kv_format, quantize
+
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Shape of the KV cache of one model: what one token costs in every layer."""
+    """Shape of the KV cache of one model: what one token costs in every layer.
+
+    ``dtype`` is the compute (model) dtype; ``kv_dtype`` the storage format (``"auto"``: the
+    model dtype; ``"int8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``: one byte per element plus a
+    float16 scale per token and KV head)."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    kv_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        kv_format(self.kv_dtype)  # ValueError on an unknown or unavailable format
+
+    @property
+    def format(self) -> KVFormat | None:
+        return kv_format(self.kv_dtype)
+
+    @property
+    def quantized(self) -> bool:
+        return self.kv_dtype != "auto"
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        fmt = self.format
+        return self.dtype if fmt is None else fmt.storage
+
+    @property
+    def kv_dtype_name(self) -> str:
+        """Effective storage name (``"float32"``, ``"int8"``...): part of the cache namespace."""
+        return kv_dtype_name(self.kv_dtype, self.dtype)
 
     def bytes_per_token(self) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * elem
+        """Bytes one token takes in every layer, K and V, scales included."""
+        elem = torch.empty((), dtype=self.storage_dtype).element_size()
+        per_head = self.head_dim * elem
+        if self.quantized:
+            per_head += torch.empty((), dtype=SCALE_DTYPE).element_size()
+        return self.num_layers * 2 * self.num_kv_heads * per_head
 
 
 class KVPool:
@@ -61,10 +98,17 @@ class KVPool:
         self.page_size = page_size
         self.num_pages = num_pages
         self.device = torch.device(device)
+        L, H, D = layout.num_layers, layout.num_kv_heads, layout.head_dim
         self.buffer = torch.zeros(
-            layout.num_layers, 2, num_pages, page_size, layout.num_kv_heads, layout.head_dim,
-            dtype=layout.dtype, device=self.device,
+            L, 2, num_pages, page_size, H, D, dtype=layout.storage_dtype, device=self.device,
         )
+        self.scales: torch.Tensor | None = None
+        if layout.quantized:
+            self.scales = torch.ones(
+                L, 2, num_pages, page_size, H, dtype=SCALE_DTYPE, device=self.device,
+            )
+        # Index ops run on a byte view: CPU torch lacks index_copy_ for float8 tensors.
+        self._raw = self.buffer.view(torch.uint8) if layout.quantized else self.buffer
 
     @property
     def num_layers(self) -> int:
@@ -75,7 +119,10 @@ class KVPool:
         return self.num_pages * self.page_size
 
     def nbytes(self) -> int:
-        return self.buffer.numel() * self.buffer.element_size()
+        n = self.buffer.numel() * self.buffer.element_size()
+        if self.scales is not None:
+            n += self.scales.numel() * self.scales.element_size()
+        return n
 
     def k_cache(self, layer: int) -> torch.Tensor:
         return self.buffer[layer, 0]  # [P, S, H, D]
@@ -83,12 +130,45 @@ class KVPool:
     def v_cache(self, layer: int) -> torch.Tensor:
         return self.buffer[layer, 1]  # [P, S, H, D]
 
+    def k_scale(self, layer: int) -> torch.Tensor | None:
+        return None if self.scales is None else self.scales[layer, 0]  # [P, S, H]
+
+    def v_scale(self, layer: int) -> torch.Tensor | None:
+        return None if self.scales is None else self.scales[layer, 1]  # [P, S, H]
+
+    def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k, v`` [T, Hkv, D] into ``slots`` [T] int64 (distinct, in
+        ``[0, capacity_tokens)``), converted to the storage dtype (quantized when the pool is)."""
+        H, D = self.layout.num_kv_heads, self.layout.head_dim
+        fmt = self.layout.format
+        for which, x in ((0, k), (1, v)):
+            dst = self._raw[layer, which].view(-1, H, D)                  # [P*S, H, D]
+            if fmt is None:
+                dst.index_copy_(0, slots, x.to(self.layout.dtype))
+                continue
+            q, s = quantize(x, fmt)                                         # [T,H,D], [T,H]
+            dst.index_copy_(0, slots, q.view(torch.uint8))
+            self.scales[layer, which].view(-1, H).index_copy_(0, slots, s)
+
+    def gather(self, layer: int, which: int, page_ids: torch.Tensor) -> torch.Tensor:
+        """K (``which=0``) or V (``which=1``) of pages ``page_ids`` (integer tensor, any shape
+        ``[...]``) as ``[..., page_size, Hkv, D]`` in the compute dtype, dequantized."""
+        idx = page_ids.long()
+        raw = self._raw[layer, which][idx]                                  # [..., S, H, D]
+        if self.scales is None:
+            return raw                                # auto: stored in the compute dtype
+        return dequantize(raw.view(self.layout.storage_dtype), self.scales[layer, which][idx],
+                          self.layout.dtype)
+
     def copy_pages(self, src: list[int], dst: list[int]) -> None:
-        """Copy pages ``src[i] -> dst[i]`` in every layer, K and V (copy-on-write)."""
+        """Copy pages ``src[i] -> dst[i]`` in every layer, K and V and their scales
+        (copy-on-write)."""
         if len(src) != len(dst):
             raise ValueError("copy_pages: src and dst differ in length")
         if not src:
             return
         s = torch.tensor(src, dtype=torch.long, device=self.device)
         d = torch.tensor(dst, dtype=torch.long, device=self.device)
-        self.buffer[:, :, d] = self.buffer[:, :, s]
+        self._raw[:, :, d] = self._raw[:, :, s]
+        if self.scales is not None:
+            self.scales[:, :, d] = self.scales[:, :, s]

@@ -14,37 +14,35 @@ from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 
 
-def gather_context(cache: torch.Tensor, pages: torch.Tensor, length: int) -> torch.Tensor:
-    """K or V of one sequence as a contiguous ``[length, H, D]`` tensor.
+def gather_context(pool: KVPool, layer: int, which: int, pages: torch.Tensor,
+                   length: int) -> torch.Tensor:
+    """K (``which=0``) or V (``which=1``) of one sequence as a contiguous ``[length, H, D]``
+    tensor in the compute dtype (dequantized by the pool when it is quantized).
 
-    cache: [P, S, H, D]; pages: [>= ceil(length/S)] page ids.
+    pages: [>= ceil(length/S)] page ids.
     """
-    S = cache.shape[1]
+    S = pool.page_size
     n = (length + S - 1) // S
-    return cache[pages[:n].long()].flatten(0, 1)[:length]
+    return pool.gather(layer, which, pages[:n]).flatten(0, 1)[:length]
 
 
 class TorchAttentionBackend:
     name = "torch"
 
     def store_kv(self, pool: KVPool, layer: int, k, v, batch: ForwardBatch) -> None:
-        # k, v: [T, Hkv, D]
-        H, D = k.shape[1], k.shape[2]
-        slots = batch.slot_mapping
-        pool.k_cache(layer).view(-1, H, D).index_copy_(0, slots, k.to(pool.layout.dtype))
-        pool.v_cache(layer).view(-1, H, D).index_copy_(0, slots, v.to(pool.layout.dtype))
+        # k, v: [T, Hkv, D]; quantized on store when the pool is
+        pool.store(layer, batch.slot_mapping, k, v)
 
     def attend(self, q, pool: KVPool, layer: int, batch: ForwardBatch, scale: float):
         # q: [T, Hq, D] -> [T, Hq, D]
-        kc, vc = pool.k_cache(layer), pool.v_cache(layer)
         if batch.is_decode:
-            return self._decode(q, kc, vc, batch, scale)
+            return self._decode(q, pool, layer, batch, scale)
         out = torch.empty_like(q)
         starts = batch.q_start_loc.tolist()
         for b, (seq_len, p0) in enumerate(zip(batch.seq_lens_list, batch.prefix_lens_list)):
             s, e = starts[b], starts[b + 1]
-            k = gather_context(kc, batch.page_table[b], seq_len).to(q.dtype)
-            v = gather_context(vc, batch.page_table[b], seq_len).to(q.dtype)
+            k = gather_context(pool, layer, 0, batch.page_table[b], seq_len).to(q.dtype)
+            v = gather_context(pool, layer, 1, batch.page_table[b], seq_len).to(q.dtype)
             qpos = torch.arange(p0, seq_len).unsqueeze(1)        # [n, 1]
             mask = torch.arange(seq_len).unsqueeze(0) <= qpos    # [n, L]
             o = F.scaled_dot_product_attention(
@@ -55,14 +53,14 @@ class TorchAttentionBackend:
         return out
 
     @staticmethod
-    def _decode(q, kc, vc, batch: ForwardBatch, scale: float):
+    def _decode(q, pool: KVPool, layer: int, batch: ForwardBatch, scale: float):
         B, Hq, D = q.shape
-        S = kc.shape[1]
+        S = pool.page_size
         max_len = max(batch.seq_lens_list)
         n = (max_len + S - 1) // S
         table = batch.page_table[:, :n].long()                    # [B, n]
-        k = kc[table].flatten(1, 2)[:, :max_len].to(q.dtype)      # [B, L, Hkv, D]
-        v = vc[table].flatten(1, 2)[:, :max_len].to(q.dtype)
+        k = pool.gather(layer, 0, table).flatten(1, 2)[:, :max_len].to(q.dtype)  # [B, L, Hkv, D]
+        v = pool.gather(layer, 1, table).flatten(1, 2)[:, :max_len].to(q.dtype)
         valid = torch.arange(max_len).unsqueeze(0) < batch.seq_lens.long().unsqueeze(1).cpu()
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
