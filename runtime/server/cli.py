@@ -1,0 +1,130 @@
+"""Command line of the server: ``python -m runtime.server`` and ``agentlang serve``.
+
+- ``add_serve_arguments(parser)`` adds the flags to any parser;
+- ``add_serve_command(subparsers)`` adds the ``serve`` sub-command (its ``handler`` default
+  is :func:`serve_main`) to a console script's sub-parsers;
+- ``main(argv, prog)`` parses ``argv`` and serves (what ``agentlang serve`` delegates to, so
+  that other ``agentlang`` commands need not import torch and uvicorn);
+- ``serve_main(args) -> int`` loads the engine, prints what it loaded and the URL once the
+  socket listens, and serves in the foreground until Ctrl-C / SIGTERM (clean shutdown: open
+  streams get a short grace period, then the engine loop stops). Returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable
+
+import uvicorn
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+ENGINE_FLAGS = ("page_size", "kv_budget_mb", "max_batch_tokens", "max_running",
+                "grammar_backend", "dtype")
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--model", default="default",
+                   help="'default' (the embedded model) or a local Hugging Face model directory")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="TCP port (default 30000)")
+    p.add_argument("--page-size", type=int, default=None, help="KV page size in tokens")
+    p.add_argument("--kv-budget-mb", type=float, default=None,
+                   help="memory for the KV pool in MB (default: the engine's)")
+    p.add_argument("--max-batch-tokens", type=int, default=None,
+                   help="most tokens computed in one engine step")
+    p.add_argument("--max-running", type=int, default=None,
+                   help="most requests in the running batch")
+    p.add_argument("--grammar-backend", choices=("xgrammar", "outlines"), default=None,
+                   help="structured-output backend (default xgrammar)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="model and KV dtype (default float32)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    p.add_argument("--served-model-name", default=None,
+                   help="model name clients use (default: the model directory's name)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    return p
+
+
+def add_serve_command(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="serve a model over HTTP (OpenAI-compatible and native APIs)",
+        description="Serve a model over HTTP: /v1/chat/completions, /v1/completions, "
+                    "/v1/models, /generate, /metrics, ...")
+    add_serve_arguments(p)
+    p.set_defaults(handler=serve_main)
+    return p
+
+
+def _engine_kwargs(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k, None) is not None}
+
+
+def describe(engine, url: str, api_key: bool) -> str:
+    pool = engine.pool
+    lines = [
+        f"agentlang runtime serving {engine.model_name} at {url}",
+        f"  model   {engine.model_path} ({engine.model_config.num_layers} layers, "
+        f"{engine.config.dtype}, context {engine.max_context})",
+        f"  KV pool {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} "
+        f"tokens, {pool.nbytes() / 2**20:.1f} MiB",
+        f"  batch   max {engine.config.max_batch_tokens} tokens/step, "
+        f"{engine.config.max_running} running; grammar {engine.config.grammar_backend}",
+        f"  OpenAI  {url}/v1  (chat/completions, completions, models)",
+        f"  native  {url}/generate, /metrics, /health, /get_model_info"
+        + ("  [API key required]" if api_key else ""),
+        "  Ctrl-C to stop",
+    ]
+    return "\n".join(lines)
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    from runtime.engine import Engine
+    from runtime.server.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(f"loading model {args.model!r} ...", flush=True)
+    t0 = time.perf_counter()
+    try:
+        engine = Engine(args.model, **_engine_kwargs(args))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"loaded {engine.model_name} in {time.perf_counter() - t0:.1f} s", flush=True)
+    app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name)
+    url = f"http://{args.host}:{args.port}"
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=3, lifespan="on")
+    server = _Server(config, lambda: print(describe(engine, url, args.api_key is not None),
+                                           flush=True))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.shutdown()
+    return 0 if server.started else 1
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, calling ``on_ready`` once the socket listens."""
+
+    def __init__(self, config, on_ready: Callable[[], None]):
+        super().__init__(config)
+        self.on_ready = on_ready
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:
+            self.on_ready()
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m runtime.server") -> int:
+    parser = add_serve_arguments(argparse.ArgumentParser(
+        prog=prog,
+        description="Serve a model over HTTP (OpenAI-compatible and native APIs)."))
+    return serve_main(parser.parse_args(argv))

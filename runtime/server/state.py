@@ -1,0 +1,147 @@
+"""Per-app server state: the engine, names it answers to, pinned prefixes, metrics, and the
+request preparation every endpoint shares (prompt encoding, token limits, sampling parameters,
+constraint compilation). One instance per app; nothing lives at module level."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.engine import Engine, PrefixHandle
+from runtime.sampling_params import SamplingParams
+from runtime.server.errors import APIError, bad_request, from_value_error
+from runtime.server.logprobs import TokenTexts
+from runtime.server.metrics import ServerMetrics
+
+
+@dataclass(eq=False)
+class ServerState:
+    engine: Engine
+    api_key: str | None = None
+    served_model_name: str | None = None
+    metrics: ServerMetrics = field(init=False)
+    tokens: TokenTexts = field(init=False)
+    created: int = field(default_factory=lambda: int(time.time()))
+    prefixes: dict[str, PrefixHandle] = field(default_factory=dict)
+    _handle_ids: Any = field(default_factory=lambda: itertools.count(1))
+    _grammar_lock: asyncio.Lock | None = None
+
+    def __post_init__(self) -> None:
+        self.served_model_name = self.served_model_name or self.engine.model_name
+        self.metrics = ServerMetrics(self.engine)
+        self.tokens = TokenTexts(self.engine.tokenizer)
+
+    # ---- names and limits ---------------------------------------------------------------
+    @property
+    def model_aliases(self) -> set[str]:
+        e = self.engine
+        return {self.served_model_name, e.model_name, str(e.model_path), "default"}
+
+    def check_model(self, name: str | None) -> None:
+        if name is None:
+            return
+        if name not in self.model_aliases:
+            raise APIError(400, f"model: {name!r} is not served here; this server serves "
+                           f"{self.served_model_name!r}", "model", "model_not_found")
+
+    @property
+    def token_limit(self) -> int:
+        """Most tokens (prompt + output) one sequence may hold: the context, or the KV pool if
+        smaller."""
+        return min(self.engine.max_context, self.engine.pool.capacity_tokens)
+
+    def _limit_text(self) -> str:
+        e = self.engine
+        return (f"{self.token_limit} tokens (model context {e.max_context}, KV pool "
+                f"{e.pool.capacity_tokens}; a larger --kv-budget-mb raises the pool)")
+
+    def max_tokens_for(self, prompt_len: int, requested: int | None, param: str,
+                       prompt_param: str) -> int:
+        """Checks ``prompt_len`` (+ ``requested``) against :attr:`token_limit`; ``None`` means
+        "up to the limit". Raises 400 ``context_length_exceeded`` naming the limit."""
+        limit = self.token_limit
+        if prompt_len >= limit:
+            raise APIError(400, f"{prompt_param}: the prompt is {prompt_len} tokens, the limit "
+                           f"is {self._limit_text()}", prompt_param, "context_length_exceeded")
+        if requested is None:
+            return limit - prompt_len
+        if isinstance(requested, int) and not isinstance(requested, bool) and requested >= 1 \
+                and prompt_len + requested > limit:
+            raise APIError(400, f"{param}: prompt ({prompt_len} tokens) + {param} ({requested}) "
+                           f"exceeds the limit of {self._limit_text()}", param,
+                           "context_length_exceeded")
+        return requested
+
+    # ---- prompts ------------------------------------------------------------------------
+    def encode_text(self, text: str, param: str) -> list[int]:
+        if not isinstance(text, str) or not text:
+            raise bad_request(f"{param}: must be a non-empty string", param)
+        return self.engine.tokenizer.encode(text)
+
+    def check_ids(self, ids: Any, param: str) -> list[int]:
+        vocab = self.engine.model_config.vocab_size
+        if not isinstance(ids, list) or not ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise bad_request(f"{param}: must be a non-empty list of token ids", param)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise bad_request(f"{param}: token ids must be in [0, {vocab}), got {bad[:3]}", param)
+        return list(ids)
+
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        text = self.engine.apply_chat_template(messages, add_generation_prompt)
+        return self.engine.tokenizer.encode(text, add_special_tokens=False)
+
+    # ---- sampling parameters ------------------------------------------------------------
+    def sampling_params(self, fields: dict[str, Any], param_map: dict[str, str] | None = None,
+                        default_param: str | None = None) -> SamplingParams:
+        """``SamplingParams(**fields)`` (``None`` values dropped); errors → 400 naming the
+        request field (``param_map`` renames engine names to request names)."""
+        try:
+            return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
+        except ValueError as e:
+            raise from_value_error(e, param_map, default_param) from None
+
+    async def compile_constraint(self, params: SamplingParams, param: str | None,
+                                 prefix: str = "") -> None:
+        """Validate and compile ``params``' constraint before the request is accepted, so a bad
+        schema / regex / grammar is a 400 (not a failed stream), and the engine finds the
+        compiled grammar in its cache. Compilation runs off the event loop. Errors name
+        ``param``, or ``prefix + <engine field>`` when ``param`` is None."""
+        if not params.has_constraint:
+            return
+        from runtime.grammar.constraints import constraint_from_params
+
+        names = ("json_schema", "regex", "choices", "grammar", "value_type")
+        try:
+            c = constraint_from_params(json_indent=params.json_indent,
+                                       **{k: getattr(params, k) for k in names})
+            if self._grammar_lock is None:
+                self._grammar_lock = asyncio.Lock()
+            async with self._grammar_lock:       # the first call builds the backend's vocab
+                cache = await asyncio.to_thread(self.engine.grammar_cache)
+            await asyncio.to_thread(cache.get, c)
+        except ValueError as e:
+            renames = {k: param or prefix + k for k in names + ("json_indent",)}
+            err = from_value_error(e, renames, param)
+            err.code = "invalid_constraint"
+            raise err from None
+
+    # ---- pinned prefixes ----------------------------------------------------------------
+    def add_prefix(self, handle: PrefixHandle) -> str:
+        hid = f"prefix-{next(self._handle_ids)}"
+        self.prefixes[hid] = handle
+        return hid
+
+    def pop_prefix(self, hid: Any) -> PrefixHandle:
+        if not isinstance(hid, str) or hid not in self.prefixes:
+            raise bad_request(f"handle: unknown or already released prefix handle {hid!r}",
+                              "handle")
+        return self.prefixes.pop(hid)
+
+    def release_all_prefixes(self) -> None:
+        for hid in list(self.prefixes):
+            self.engine.release_prefix(self.prefixes.pop(hid))
