@@ -51,6 +51,8 @@ class RuntimeEndpoint(Backend):
         try:
             detail = r.json()
             detail = detail.get("detail") or detail.get("error") or detail
+            if isinstance(detail, dict) and "message" in detail:
+                detail = detail["message"]
         except ValueError:
             detail = r.text
         if 400 <= r.status_code < 500:
