@@ -45,7 +45,6 @@ def draw_graph(graph: Graph, path: str | Path) -> None:
     if path.suffix.lower() not in FORMATS:
         raise ValueError(f"output must end with one of {', '.join(FORMATS)}, got {path.name!r}")
     from matplotlib.figure import Figure  # no pyplot: no global figure state, any backend
-    from matplotlib.patches import FancyArrowPatch
 
     pos = layout(graph)
     xs = [x for x, _ in pos.values()] or [0.0]
@@ -62,14 +61,15 @@ def draw_graph(graph: Graph, path: str | Path) -> None:
             x, y, n.label, ha="center", va="center", fontsize=8, zorder=3,
             bbox={"boxstyle": "round,pad=0.3", "fc": COLORS.get(n.kind, "white"),
                   "ec": "#333333", "lw": 0.8})
-    for e in graph.edges:
+    for e in graph.edges:  # every edge points down: bottom of source → top of target
         color, style, lw = EDGE_STYLE[e.kind]
-        (x1, y1), (x2, y2) = pos[e.src], pos[e.dst]
+        (x1, _), (x2, _) = pos[e.src], pos[e.dst]
         rad = 0.0 if x1 == x2 or e.kind in ("fork", "join") else 0.15
-        ax.add_patch(FancyArrowPatch(
-            (x1, y1), (x2, y2), arrowstyle="-|>", mutation_scale=10, color=color,
-            linestyle=style, lw=lw, zorder=2, shrinkA=9, shrinkB=9,
-            connectionstyle=f"arc3,rad={rad}"))
+        ax.annotate("", xy=(0.5, 1.0), xycoords=boxes[e.dst], xytext=(0.5, 0.0),
+                    textcoords=boxes[e.src], zorder=2, arrowprops={
+                        "arrowstyle": "-|>", "mutation_scale": 10, "color": color,
+                        "linestyle": style, "lw": lw, "shrinkA": 4, "shrinkB": 5,
+                        "connectionstyle": f"arc3,rad={rad}"})
     ax.set_xlim(min(xs) - 1.8, max(xs) + 1.8)
     ax.set_ylim(min(ys) - 0.8, max(ys) + 0.8)
     ax.set_title(f"{graph.name}" + (f"  (truncated: {graph.truncated[:60]})"

@@ -27,6 +27,10 @@ class Runtime(Backend):
     capabilities = Capabilities()
 
     def __init__(self, model: str = "default", **engine_args: Any):
+        if "model_path" in engine_args:  # SGLang's name for the model
+            if model != "default":
+                raise ValueError("give model or model_path, not both")
+            model = engine_args.pop("model_path")
         accepted = engine_option_names()
         unknown = sorted(set(engine_args) - set(accepted))
         if unknown:
