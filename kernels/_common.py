@@ -15,7 +15,10 @@ from __future__ import annotations
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
+from kernels._quant import QUANT_DTYPES
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CACHE_DTYPES = FLOAT_DTYPES + QUANT_DTYPES   # KV cache storage: float, or 8-bit with scales
 PRECISIONS = ("auto", "fp32", "native")
 
 

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
+    CACHE_DTYPES,
     FLOAT_DTYPES,
     check_head_dims,
     check_launchable,
@@ -27,6 +28,7 @@ from kernels._common import (
     page_table_checks,
     use_fp32_dot,
 )
+from kernels._quant import check_scale, dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
 MIN_TOKENS_PER_SPLIT = 256
@@ -35,12 +37,14 @@ MAX_SPLITS = 64
 
 @triton.jit
 def _decode_stage1(
-    Q, K, V, PageTable, SeqLens, Out, MidO, MidLse,
+    Q, K, V, KScale, VScale, PageTable, SeqLens, Out, MidO, MidLse,
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
     num_splits,  # runtime value: a new split count does not recompile
     stride_qb, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
+    stride_ksp, stride_kss, stride_kvh_s,  # k_scale [P, S, Hkv] (8-bit caches)
+    stride_vsp, stride_vss, stride_vvh_s,
     stride_pt,
     stride_ob, stride_oh,
     stride_mb, stride_mh, stride_ms,
@@ -48,6 +52,7 @@ def _decode_stage1(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: write the output, skip the merge
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr,
+    QUANT: tl.constexpr,  # 8-bit cache: dequantize K/V with their per-token scales after load
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -84,6 +89,9 @@ def _decode_stage1(
             K + k_off[None, :] + offs_d[:, None],
             mask=mask_n[None, :] & mask_d[:, None], other=0.0,
         ).to(tl.float32)                                                      # [BLOCK_D, BLOCK_N]
+        if QUANT:
+            slot_s = page * stride_ksp + (n % PAGE_SIZE) * stride_kss + kvh * stride_kvh_s
+            kt = kt * tl.load(KScale + slot_s, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         if DOT_F32:
             qk = tl.dot(q, kt, input_precision="ieee")
         else:
@@ -98,6 +106,9 @@ def _decode_stage1(
             V + v_off[:, None] + offs_d[None, :],
             mask=mask_n[:, None] & mask_d[None, :], other=0.0,
         ).to(tl.float32)                                                      # [BLOCK_N, BLOCK_D]
+        if QUANT:
+            slot_s = page * stride_vsp + (n % PAGE_SIZE) * stride_vss + kvh * stride_vvh_s
+            v = v * tl.load(VScale + slot_s, mask=mask_n, other=0.0).to(tl.float32)[:, None]
         if DOT_F32:
             pv = tl.dot(p, v, input_precision="ieee")
         else:
@@ -170,6 +181,8 @@ def decode_attention(
     num_splits: int | None = None,
     check_indices: bool = True,
     precision: str = "auto",
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context.
 
@@ -179,18 +192,22 @@ def decode_attention(
     in q's dtype when not given). ``max_seq_len`` (host int, >= every seq_len) avoids a device
     sync when choosing ``num_splits``; ``check_indices=False`` skips the range checks of
     ``page_table``/``seq_lens`` (one sync) for callers that validated the same metadata already.
+    An 8-bit cache (int8, float8; see :mod:`kernels._quant`) needs ``k_scale, v_scale``
+    [P, S, Hkv] float16; K/V are dequantized right after each load.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES, None)
     dev = q.device
     B, Hq, D = q.shape
-    check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, dev)
-    check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, dev)
+    check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, dev)
+    check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, dev)
     P, S, Hkv, Dk = k_cache.shape
     check_shape("v_cache", v_cache, tuple(k_cache.shape))
     if v_cache.dtype != k_cache.dtype:
         raise ValueError(f"v_cache dtype {v_cache.dtype} must match k_cache dtype {k_cache.dtype}")
     if Dk != D:
         raise ValueError(f"q head_dim {D} must match the cache's head_dim {Dk}")
+    check_scale("k_scale", k_scale, k_cache, "k_cache")
+    check_scale("v_scale", v_scale, v_cache, "v_cache")
     group = check_head_dims(Hq, Hkv, D)
     check_tensor("page_table", page_table, 2, (torch.int32,), dev, contiguous=True)
     if page_table.shape[0] != B:
@@ -217,7 +234,11 @@ def decode_attention(
         raise ValueError(f"num_splits must be in [1, 1024], got {num_splits}")
 
     block_d = next_pow2(D, 16)
-    dot_f32 = use_fp32_dot(precision, _decode_stage1, q.dtype, k_cache.dtype)
+    quant = quant_spec(k_cache.dtype) is not None
+    # an 8-bit cache is dequantized to fp32 and enters the dots like a cache in q's dtype
+    dot_f32 = use_fp32_dot(precision, _decode_stage1, q.dtype, q.dtype if quant else k_cache.dtype)
+    ks = k_scale if quant else k_cache  # unused pointers when not quantized
+    vs = v_scale if quant else v_cache
     if num_splits > 1:
         mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=dev)
         mid_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=dev)
@@ -225,18 +246,20 @@ def decode_attention(
         mid_o = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
         mid_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)
     _decode_stage1[(B, Hkv, num_splits)](
-        q, k_cache, v_cache, page_table, seq_lens, out, mid_o, mid_lse,
+        q, k_cache, v_cache, ks, vs, page_table, seq_lens, out, mid_o, mid_lse,
         float(sm_scale) * LOG2E, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        ks.stride(0), ks.stride(1), ks.stride(2),
+        vs.stride(0), vs.stride(1), vs.stride(2),
         page_table.stride(0),
         out.stride(0), out.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_DIM=D, PAGE_SIZE=S, DIRECT=num_splits == 1,
         BLOCK_H=next_pow2(group, 16), BLOCK_N=64 if block_d <= 128 else 32,
-        BLOCK_D=block_d, DOT_F32=dot_f32,
+        BLOCK_D=block_d, DOT_F32=dot_f32, QUANT=quant,
         num_warps=4, num_stages=2,
     )
     if num_splits > 1:
@@ -258,16 +281,20 @@ def decode_attention_ref(
     page_table: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """float64 reference of :func:`decode_attention`: [B, Hq, D] float64."""
+    """float64 reference of :func:`decode_attention`: [B, Hq, D] float64 (an 8-bit cache is
+    dequantized exactly, in float64)."""
     B, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    kd, vd = dequantize_ref(k_cache, k_scale), dequantize_ref(v_cache, v_scale)  # [P, S, Hkv, D]
     out = torch.empty(B, Hq, D, dtype=torch.float64, device=q.device)
     for b in range(B):
         n = int(seq_lens[b])
         pages = page_table[b, : -(-n // S)].long()
-        k = k_cache[pages].flatten(0, 1)[:n].double().repeat_interleave(Hq // Hkv, dim=1)
-        v = v_cache[pages].flatten(0, 1)[:n].double().repeat_interleave(Hq // Hkv, dim=1)
+        k = kd[pages].flatten(0, 1)[:n].repeat_interleave(Hq // Hkv, dim=1)
+        v = vd[pages].flatten(0, 1)[:n].repeat_interleave(Hq // Hkv, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[b].double(), k) * sm_scale   # [Hq, n]
         out[b] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
     return out

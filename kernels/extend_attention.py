@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
+    CACHE_DTYPES,
     FLOAT_DTYPES,
     check_head_dims,
     check_launchable,
@@ -31,22 +32,26 @@ from kernels._common import (
     page_table_checks,
     use_fp32_dot,
 )
+from kernels._quant import check_scale, dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _extend_kernel(
-    Q, K, V, PageTable, QStartLoc, PrefixLens, SeqLens, Out,
+    Q, K, V, KScale, VScale, PageTable, QStartLoc, PrefixLens, SeqLens, Out,
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
     stride_qt, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
+    stride_ksp, stride_kss, stride_kvh_s,  # k_scale [P, S, Hkv] (8-bit caches)
+    stride_vsp, stride_vss, stride_vvh_s,
     stride_pt,
     stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
+    QUANT: tl.constexpr,  # 8-bit cache: dequantize K/V with their per-token scales after load
 ):
     mblk = tl.program_id(0)
     h = tl.program_id(1)
@@ -88,6 +93,9 @@ def _extend_kernel(
                 K + k_off[None, :] + offs_d[:, None],
                 mask=mask_n[None, :] & mask_d[:, None], other=0.0,
             ).to(tl.float32)                                                  # [BLOCK_D, BLOCK_N]
+            if QUANT:
+                slot_s = page * stride_ksp + (n % PAGE_SIZE) * stride_kss + kvh * stride_kvh_s
+                kt = kt * tl.load(KScale + slot_s, mask=mask_n, other=0.0).to(tl.float32)[None, :]
             if DOT_F32:
                 qk = tl.dot(q, kt, input_precision="ieee")
             else:
@@ -103,6 +111,9 @@ def _extend_kernel(
                 V + v_off[:, None] + offs_d[None, :],
                 mask=mask_n[:, None] & mask_d[None, :], other=0.0,
             ).to(tl.float32)                                                  # [BLOCK_N, BLOCK_D]
+            if QUANT:
+                slot_s = page * stride_vsp + (n % PAGE_SIZE) * stride_vss + kvh * stride_vvh_s
+                v = v * tl.load(VScale + slot_s, mask=mask_n, other=0.0).to(tl.float32)[:, None]
             if DOT_F32:
                 pv = tl.dot(p, v, input_precision="ieee")
             else:
@@ -131,6 +142,8 @@ def extend_attention(
     max_extend_len: int | None = None,
     check_indices: bool = True,
     precision: str = "auto",
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of every sequence over its paged context.
 
@@ -140,19 +153,23 @@ def extend_attention(
     prefix_lens, seq_lens: [B] int32 with seq_lens = prefix_lens + extend lengths
     <= max_pages*S. Returns ``out`` [T, Hq, D] (allocated in q's dtype when not given).
     ``max_extend_len`` (host int, >= every extend length) avoids a device sync;
-    ``check_indices=False`` skips the metadata range checks (one sync).
+    ``check_indices=False`` skips the metadata range checks (one sync). An 8-bit cache (int8,
+    float8; see :mod:`kernels._quant`) needs ``k_scale, v_scale`` [P, S, Hkv] float16; K/V are
+    dequantized right after each load.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES, None)
     dev = q.device
     T, Hq, D = q.shape
-    check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, dev)
-    check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, dev)
+    check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, dev)
+    check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, dev)
     P, S, Hkv, Dk = k_cache.shape
     check_shape("v_cache", v_cache, tuple(k_cache.shape))
     if v_cache.dtype != k_cache.dtype:
         raise ValueError(f"v_cache dtype {v_cache.dtype} must match k_cache dtype {k_cache.dtype}")
     if Dk != D:
         raise ValueError(f"q head_dim {D} must match the cache's head_dim {Dk}")
+    check_scale("k_scale", k_scale, k_cache, "k_cache")
+    check_scale("v_scale", v_scale, v_cache, "v_cache")
     group = check_head_dims(Hq, Hkv, D)
     check_tensor("page_table", page_table, 2, (torch.int32,), dev, contiguous=True)
     B = page_table.shape[0]
@@ -196,18 +213,26 @@ def extend_attention(
         block_m, block_n, warps = (128, 64, 4) if block_d <= 64 else (128, 64, 8)
         if block_d > 128:
             block_m, block_n = 64, 32
+    quant = quant_spec(k_cache.dtype) is not None
+    ks = k_scale if quant else k_cache  # unused pointers when not quantized
+    vs = v_scale if quant else v_cache
     grid = (triton.cdiv(max_extend_len, block_m), Hq, B)
     _extend_kernel[grid](
-        q, k_cache, v_cache, page_table, q_start_loc, prefix_lens, seq_lens, out,
+        q, k_cache, v_cache, ks, vs, page_table, q_start_loc, prefix_lens, seq_lens, out,
         float(sm_scale) * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        ks.stride(0), ks.stride(1), ks.stride(2),
+        vs.stride(0), vs.stride(1), vs.stride(2),
         page_table.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=D, PAGE_SIZE=S,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        DOT_F32=use_fp32_dot(precision, _extend_kernel, q.dtype, k_cache.dtype),
+        # an 8-bit cache is dequantized to fp32 and enters the dots like a cache in q's dtype
+        DOT_F32=use_fp32_dot(precision, _extend_kernel, q.dtype,
+                             q.dtype if quant else k_cache.dtype),
+        QUANT=quant,
         num_warps=warps, num_stages=2,
     )
     return out
@@ -222,10 +247,14 @@ def extend_attention_ref(
     prefix_lens: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """float64 reference of :func:`extend_attention`: [T, Hq, D] float64."""
+    """float64 reference of :func:`extend_attention`: [T, Hq, D] float64 (an 8-bit cache is
+    dequantized exactly, in float64)."""
     T, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    kd, vd = dequantize_ref(k_cache, k_scale), dequantize_ref(v_cache, v_scale)  # [P, S, Hkv, D]
     out = torch.empty(T, Hq, D, dtype=torch.float64, device=q.device)
     starts = q_start_loc.tolist()
     for b in range(page_table.shape[0]):
@@ -233,8 +262,8 @@ def extend_attention_ref(
         if e == s:
             continue
         pages = page_table[b, : -(-n // S)].long()
-        k = k_cache[pages].flatten(0, 1)[:n].double().repeat_interleave(Hq // Hkv, dim=1)
-        v = v_cache[pages].flatten(0, 1)[:n].double().repeat_interleave(Hq // Hkv, dim=1)
+        k = kd[pages].flatten(0, 1)[:n].repeat_interleave(Hq // Hkv, dim=1)
+        v = vd[pages].flatten(0, 1)[:n].repeat_interleave(Hq // Hkv, dim=1)
         scores = torch.einsum("thd,nhd->htn", q[s:e].double(), k) * sm_scale  # [Hq, e-s, n]
         q_pos = torch.arange(p0, p0 + e - s, device=q.device)
         visible = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]

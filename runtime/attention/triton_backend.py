@@ -51,7 +51,7 @@ class TritonAttentionBackend:
         # k, v: [T, Hkv, D]
         self._check_batch(pool, batch)
         store_kv(k, v, pool.k_cache(layer), pool.v_cache(layer), batch.slot_mapping,
-                 check_indices=False)
+                 k_scale=pool.k_scale(layer), v_scale=pool.v_scale(layer), check_indices=False)
 
     def attend(
         self, q: torch.Tensor, pool: KVPool, layer: int, batch: ForwardBatch, scale: float
@@ -59,14 +59,17 @@ class TritonAttentionBackend:
         # q: [T, Hq, D] -> [T, Hq, D]
         self._check_batch(pool, batch)
         kc, vc = pool.k_cache(layer), pool.v_cache(layer)
+        ks, vs = pool.k_scale(layer), pool.v_scale(layer)   # None unless the pool is 8-bit
         if batch.is_decode:
             return decode_attention(
                 q, kc, vc, batch.page_table, batch.seq_lens, scale,
                 max_seq_len=max(batch.seq_lens_list), check_indices=False,
+                k_scale=ks, v_scale=vs,
             )
         return extend_attention(
             q, kc, vc, batch.page_table, batch.q_start_loc, batch.prefix_lens, batch.seq_lens,
             scale, max_extend_len=max(batch.extend_lens_list), check_indices=False,
+            k_scale=ks, v_scale=vs,
         )
 
     def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:
@@ -76,4 +79,4 @@ class TritonAttentionBackend:
             return
         s = torch.tensor(src, dtype=torch.int64, device=pool.device)
         d = torch.tensor(dst, dtype=torch.int64, device=pool.device)
-        copy_pages(pool.buffer, s, d)
+        copy_pages(pool.buffer, s, d, scales=pool.scales)
