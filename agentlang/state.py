@@ -171,12 +171,15 @@ class ProgramState:
             return e
         return None
 
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        """Yield text as it is generated (``run(stream=True)``), or all of it at once."""
-        return self._stream.iter_text(var_name)
+    def text_iter(self, var_name: str | None = None, *, name: str | None = None
+                  ) -> Iterator[str]:
+        """Yield the text (or variable ``var_name``/``name``) as it is generated with
+        ``run(stream=True)``; without streaming, all of it at once."""
+        return self._stream.iter_text(var_name if var_name is not None else name)
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
-        it = self._stream.iter_text(var_name)
+    async def text_async_iter(self, var_name: str | None = None, *, name: str | None = None
+                              ) -> AsyncIterator[str]:
+        it = self._stream.iter_text(var_name if var_name is not None else name)
         done = object()
         while True:
             chunk = await asyncio.to_thread(next, it, done)

@@ -32,6 +32,7 @@ def test_text_iter_of_one_variable():
     st = qa.run(question="Capital?", backend=m, stream=True)
     chunks = list(st.text_iter("answer"))
     assert chunks == ["Paris", " is t", "he ca", "pital", "."]
+    assert list(st.text_iter(name="answer")) == chunks   # the spelling
     assert [c.kind for c in m.calls] == ["stream"]
 
 

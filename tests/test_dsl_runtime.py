@@ -197,6 +197,10 @@ def test_streaming_text_iter(backend):
 def test_run_batch_of_16_with_progress_bar(backend, capsys):
     countries = ["Italy", "Spain", "Japan", "Egypt", "Canada", "Greece", "Norway", "Peru",
                  "Kenya", "Chile", "Cuba", "Poland", "Sweden", "Ireland", "Austria", "Nepal"]
+    is_local = isinstance(backend, al.Runtime)
+    if is_local:
+        backend.engine.flush_cache()
+        before = backend.metrics()
     states = few_shot_qa.run_batch(
         [{"question": f"What is the capital of {c}?"} for c in countries],
         backend=backend, progress_bar=True, temperature=0, max_new_tokens=8)
@@ -204,6 +208,12 @@ def test_run_batch_of_16_with_progress_bar(backend, capsys):
     assert len(answers) == 16 and all(answers)
     assert answers[:3] == ["Rome", "Madrid", "Tokyo"]
     assert "16/16" in capsys.readouterr().err
+    if is_local:  # the shared few-shot prefix was cached before the batch: every program hits
+        after = backend.metrics()
+        shared = len(backend.engine.tokenizer.encode(few_shot_qa.trace().constant_prefix))
+        page = backend.engine.config.page_size
+        hit = after["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
+        assert hit >= 16 * (shared // page * page)
 
 
 @al.tool
