@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from agentlang import agent
-from agentlang.ir import (AgentLoop, Concat, Expr, Gen, RoleBegin, RoleEnd, Select, Text,
+from agentlang.ir import (AgentLoop, Concat, Gen, RoleBegin, RoleEnd, Select, Text,
                           ToolCall, VarScopeBegin, VarScopeEnd)
 
 
@@ -55,9 +55,10 @@ class Interpreter:
         if not self.messages_ and self.cur_role is None:
             self.fill(template.preamble)
             if node.role != "system" and template.default_system_prompt is not None:
-                self.visit_rolebegin(RoleBegin("system"))
-                self.fill(template.default_system_prompt)
-                self.visit_roleend(RoleEnd("system"))
+                pre, suf = template.prefix_and_suffix("system")
+                self.fill(pre + template.default_system_prompt + suf)
+                self.messages_.append({"role": "system",
+                                       "content": template.default_system_prompt})
         self.fill(template.prefix_and_suffix(node.role)[0])
         self.cur_role, self.cur_role_begin = node.role, len(self.text_)
 

@@ -322,3 +322,24 @@ def test_openai_server_without_prompt_logprobs_cannot_select():
 
     with pytest.raises(UnsupportedFeatureError, match="did not return prompt logprobs"):
         prog.run(backend=make_openai([], api="completions", logprobs=False))
+
+
+def test_preamble_and_default_system_are_emitted_once():
+    import dataclasses
+
+    from agentlang.chat_template import chatml
+
+    template = dataclasses.replace(chatml("D"), preamble="<s>")
+
+    class PreambleMock(al.Mock):
+        def chat_template(self):
+            return template
+
+    @al.function
+    def prog(s):
+        s += al.user("u") + al.assistant("a") + al.user("v")
+
+    st = prog.run(backend=PreambleMock())
+    assert st.text() == template.render(st.messages()[1:])
+    assert st.text().count("<s>") == 1 and st.text().startswith("<s><|im_start|>system\nD")
+    assert prog.trace(backend=PreambleMock()).prompt_prefix == st.text()
