@@ -58,12 +58,19 @@ class RunContext:
         if record.handle is not None:
             self.backend.release_prefix(record.handle)
 
-    def finish(self) -> None:
-        """End every stream (draining its queue) and release prefixes still held."""
-        for exe in list(self.executors):
+    def finish(self, root: StreamExecutor) -> None:
+        """End every stream (draining its queue), release prefixes still held, and make an
+        error of a fork nobody joined or read the run's error."""
+        forks = [exe for exe in self.executors if exe is not root]
+        for exe in forks:
             exe.end()
-        for exe in list(self.executors):
+        for exe in forks:
             exe.worker.join()
+        failed = next((exe.error_ for exe in forks if exe.error_ is not None), None)
+        if failed is not None and root.error_ is None:
+            root.error_ = failed
+        root.end()
+        root.worker.join()
         for record in list(self.forks):
             self.release(record)
 

@@ -122,7 +122,7 @@ class Program:
                 if root.error_ is None:
                     root.error_ = e
             finally:
-                ctx.finish()
+                ctx.finish(root)
 
         if stream:
             threading.Thread(target=body, daemon=True, name=f"agentlang-{self.name}").start()

@@ -200,3 +200,24 @@ def test_bad_fork_arguments():
 
     with pytest.raises(ValueError, match="needs 2 items"):
         badlist.run(backend=al.Mock())
+
+
+def test_error_in_a_fork_is_raised_even_without_join():
+    @al.function
+    def unjoined(s):
+        forks = s.fork(2)
+        forks += al.gen("x", dtype=int)
+
+    @al.function
+    def joined(s):
+        forks = s.fork(2)
+        forks += al.gen("x", dtype=int)
+        forks.join()
+        s += "after"
+
+    for prog in (unjoined, joined):
+        m = al.Mock()
+        m._typed = staticmethod(lambda *a: "abc")   # a backend returning a non-int
+        with pytest.raises(ValueError, match="not a int"):
+            prog.run(backend=m)
+        assert m.locked == {}
