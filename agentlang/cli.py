@@ -77,7 +77,69 @@ def add_graph_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_graph)
 
 
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_graph_command,)
+def run_generate(args: argparse.Namespace) -> int:
+    from runtime import Engine, SamplingParams
+    from runtime.model_loader import ModelLoadError
+
+    try:
+        engine = Engine(args.model, dtype=args.dtype)
+    except ModelLoadError as e:
+        raise ValueError(str(e)) from None
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+    prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    if args.stream:
+        for delta in engine.generate_stream(prompt, params):
+            print(delta.text, end="", flush=True)
+        print()
+    else:
+        print(engine.generate(prompt, params).text)
+    return 0
+
+
+def add_generate_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="complete a prompt with the local engine",
+                       description="Complete PROMPT (greedy by default) with the embedded model "
+                                   "or a local HF directory.")
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--chat", action="store_true", help="wrap PROMPT as a user chat message")
+    p.add_argument("--stream", action="store_true", help="print tokens as they come")
+    p.add_argument("--model", default="default", help="'default' or a local HF model directory")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.set_defaults(handler=run_generate)
+
+
+def run_kv_plan(args: argparse.Namespace) -> int:
+    from runtime.kv_plan import plan_for_model
+
+    p = plan_for_model(args.model, context=args.context, memory_gb=args.memory_gb,
+                       kv_dtype=args.kv_dtype, page_size=args.page_size, model_dtype=args.dtype)
+    print(p.format())
+    return 0
+
+
+def add_kv_plan_command(sub: argparse._SubParsersAction) -> None:
+    from runtime.kv_plan import PLAN_KV_DTYPES
+
+    p = sub.add_parser("kv-plan", help="KV cache capacity: bytes per token/request, max requests",
+                       description="Compute KV bytes per token and per request, the weights' "
+                                   "size and the maximum concurrent requests at a context length "
+                                   "from a model's config (nothing is loaded onto a device).")
+    p.add_argument("--model", default="default", help="'default' or a local HF model directory")
+    p.add_argument("--context", type=int, default=32768, help="tokens per request (default 32768)")
+    p.add_argument("--memory-gb", type=float, default=80.0,
+                   help="device memory in GiB for weights + KV cache (default 80)")
+    p.add_argument("--kv-dtype", default="auto", choices=PLAN_KV_DTYPES,
+                   help="KV storage dtype (default auto: the model dtype)")
+    p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="model dtype (default: the config's torch_dtype, else bfloat16)")
+    p.set_defaults(handler=run_kv_plan)
+
+
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    add_generate_command, add_graph_command, add_kv_plan_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -362,7 +362,8 @@ class Engine:
     def grammar_cache(self):
         """The compiled-grammar cache (created on first use: most engines never need it)."""
         if self._grammar is None:
-            from runtime.grammar.cache import GrammarCache, make_grammar_backend
+            from runtime.grammar.base import make_grammar_backend
+            from runtime.grammar.cache import GrammarCache
 
             backend = make_grammar_backend(self.config.grammar_backend, self.tokenizer,
                                            self.model_config.vocab_size)

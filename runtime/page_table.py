@@ -118,6 +118,18 @@ class PageTable:
             self.allocator.decref(self.pages[keep:])
             del self.pages[keep:]
 
+    def truncate(self, num_tokens: int) -> None:
+        """Forget the tokens after ``num_tokens`` (their K/V become garbage) and drop the
+        pages no longer needed. A now partially filled shared page is copied on the next write."""
+        self._check_live("truncate")
+        if not 0 <= num_tokens <= self.num_tokens:
+            raise ValueError(f"PageTable.truncate: {num_tokens} not in [0, {self.num_tokens}]")
+        self.num_tokens = num_tokens
+        keep = self._pages_for(num_tokens)
+        if len(self.pages) > keep:
+            self.allocator.decref(self.pages[keep:])
+            del self.pages[keep:]
+
     def fork(self, n: int) -> list[PageTable]:
         """``n`` children sharing every committed page (the partial last page included)."""
         self._check_live("fork")

@@ -186,8 +186,7 @@ class Scheduler:
         for _, _, req in keyed:
             if budget <= 0 or len(self.running) >= self.cfg.max_running:
                 break
-            m = self.cache.match_prefix(req.all_ids, req.group.namespace,
-                                        record=req.preemptions == 0 and req.num_computed == 0)
+            m = self.cache.match_prefix(req.all_ids, req.group.namespace, record=False)
             limit = (req.num_tokens - 1) // ps * ps
             if req.group.logprob_start is not None:
                 limit = min(limit, max(0, req.group.logprob_start - 1) // ps * ps)
@@ -206,6 +205,8 @@ class Scheduler:
                 break
             if req.preemptions == 0 and req.index == 0:
                 req.group.cached_tokens = cached
+                self.cache.stats.queried_tokens += req.num_tokens
+                self.cache.stats.hit_tokens += cached
             self.waiting.remove(req)
             self._admit_counter += 1
             req.admit_seq = self._admit_counter

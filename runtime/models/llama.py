@@ -39,18 +39,20 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.nh * self.hd, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=cfg.attention_bias)
+        # q, k and v projections fused into one matmul (HF weights are concatenated at load)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.nh + 2 * self.nkv) * self.hd,
+                                  bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
         self.scale = self.hd ** -0.5
 
     def forward(self, x, batch: ForwardBatch, rope: RotaryEmbedding, pool: KVPool,
                 backend: AttentionBackend):
         T = x.shape[0]                                          # x: [T, hidden]
-        q = self.q_proj(x).view(T, self.nh, self.hd)
-        k = self.k_proj(x).view(T, self.nkv, self.hd)
-        v = self.v_proj(x).view(T, self.nkv, self.hd)
+        q, k, v = self.qkv_proj(x).split(
+            [self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        q = q.view(T, self.nh, self.hd)
+        k = k.view(T, self.nkv, self.hd)
+        v = v.view(T, self.nkv, self.hd)
         q, k = rope.apply(q, batch.positions), rope.apply(k, batch.positions)
         backend.store_kv(pool, self.layer, k, v, batch)
         o = backend.attend(q, pool, self.layer, batch, self.scale)  # [T, nh, hd]
@@ -60,12 +62,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        # gate and up projections fused into one matmul
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -79,6 +82,19 @@ class DecoderLayer(nn.Module):
     def forward(self, x, batch, rope, pool, backend):
         x = x + self.self_attn(self.input_layernorm(x), batch, rope, pool, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def fuse_projections(state: dict[str, torch.Tensor], num_layers: int) -> None:
+    """HF ``q/k/v_proj`` → ``qkv_proj`` and ``gate/up_proj`` → ``gate_up_proj``, in place."""
+    for i in range(num_layers):
+        a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+        for kind in ("weight", "bias"):
+            parts = [state.pop(f"{a}{p}_proj.{kind}", None) for p in "qkv"]
+            if all(t is not None for t in parts):
+                state[f"{a}qkv_proj.{kind}"] = torch.cat(parts, dim=0)
+        if f"{m}gate_proj.weight" in state:
+            state[f"{m}gate_up_proj.weight"] = torch.cat(
+                [state.pop(f"{m}gate_proj.weight"), state.pop(f"{m}up_proj.weight")], dim=0)
 
 
 class LlamaModel(nn.Module):
@@ -120,6 +136,7 @@ class LlamaModel(nn.Module):
                     if "rotary_emb" in key:
                         continue
                     state[key] = f.get_tensor(name).to(dtype)
+        fuse_projections(state, cfg.num_layers)
         if "lm_head.weight" not in state:
             if not cfg.tie_word_embeddings and "embed_tokens.weight" not in state:
                 raise ModelLoadError(f"{path}: no lm_head.weight and no embeddings to tie")
