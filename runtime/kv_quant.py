@@ -100,22 +100,22 @@ def check_kv_dtype_support(kv_dtype: str, device: torch.device, attention_backen
     fmt = kv_format(kv_dtype)
     if fmt is None:
         return
-    try:  # the casts the torch path runs: quantize, store, dequantize
-        probe = torch.ones(2, 4, device=device)
-        q, s = quantize(probe, fmt)
-        dequantize(q, s, torch.float32).sum().item()
-    except (RuntimeError, TypeError, NotImplementedError) as e:
-        raise ValueError(
-            f"kv_dtype {kv_dtype!r} is not supported on device {device}: "
-            f"{type(e).__name__}: {e}"
-        ) from None
     backend = attention_backend
     if backend == "auto":
         backend = "triton" if device.type == "cuda" else "torch"
     if backend == "triton" and device.type == "cuda" and kv_dtype == "fp8_e4m3":
         major, minor = torch.cuda.get_device_capability(device)
-        if (major, minor) < (8, 9):
+        if (major, minor) < (8, 9):  # Triton's fp8e4nv needs sm_89+
             raise ValueError(
                 f"kv_dtype 'fp8_e4m3' needs a GPU of compute capability >= 8.9 for the Triton "
                 f"kernels (this one is {major}.{minor}); use 'fp8_e5m2' or 'int8'"
             )
+    try:  # the casts the torch path runs: quantize, store, dequantize
+        probe = torch.ones(2, 4, device=device)
+        q, s = quantize(probe, fmt)
+        dequantize(q, s, torch.float32).sum().item()
+    except (RuntimeError, TypeError, NotImplementedError, AssertionError) as e:
+        raise ValueError(
+            f"kv_dtype {kv_dtype!r} is not supported on device {device}: "
+            f"{type(e).__name__}: {e}"
+        ) from None
