@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_cases import rel_err
+from test_engine_triton import tiny_llama_dir  # noqa: F401  (module fixture)
 
 from runtime.attention.base import make_backend
 from runtime.forward_batch import build_forward_batch
@@ -53,3 +54,23 @@ def test_quantized_pool_triton_matches_torch(kv_dtype):
         be.copy_pages(pool, [tables[0][0]], [order[7]])
     assert _same_pools(*pools)
     assert torch.equal(pools[1].scales[:, :, order[7]], pools[1].scales[:, :, tables[0][0]])
+
+
+@pytest.mark.slow
+def test_engine_int8_greedy_triton_equals_torch(tiny_llama_dir):
+    from runtime import Engine, SamplingParams
+
+    prompt = ("The quick brown fox jumps over the lazy dog because it wanted to see what was on "
+              "the other side of the hill, and the dog")
+    params = SamplingParams(max_tokens=6, temperature=0)
+    results = {}
+    for backend in ("torch", "triton"):
+        eng = Engine(model=str(tiny_llama_dir), attention_backend=backend, device="cpu",
+                     page_size=16, num_pages=32, kv_dtype="int8")
+        assert eng.pool.buffer.dtype == torch.int8
+        outs = [eng.generate(prompt, params), eng.generate(prompt + " did not care", params)]
+        assert outs[1].meta["cached_tokens"] >= 16      # decode/extend over cached int8 pages
+        results[backend] = [o.token_ids for o in outs]
+        eng.shutdown()
+    assert all(len(t) == 6 for t in results["torch"])
+    assert results["triton"] == results["torch"]
