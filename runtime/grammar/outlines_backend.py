@@ -3,7 +3,7 @@
 JSON schemas go through outlines-core's schema→regex builder with no whitespace (compact
 output); ``json_indent`` and Lark ``grammar`` constraints are refused with ``ValueError``, as are
 schema keywords it would not enforce (:mod:`schema_support`). Recursive ``$ref``s are unrolled to
-depth 3 (outputs stay valid; deeper nesting is not generated). Index construction is slow
+depth 3 (:mod:`schema_unroll`; outputs stay valid, deeper nesting is not generated). Index construction is slow
 (seconds for schemas with long bounded strings), which is why compilation runs off the engine
 loop. Jump-forward walks the automaton one single-byte token at a time while exactly one byte is
 possible (a byte that only occurs inside multi-byte tokens ends the forced text there).
@@ -18,6 +18,7 @@ import torch
 from runtime.grammar.base import CompiledGrammar, GrammarBackend, GrammarMatcher
 from runtime.grammar.constraints import Constraint
 from runtime.grammar.schema_support import check_schema_support
+from runtime.grammar.schema_unroll import bound_recursion
 from runtime.grammar.vocab import TokenVocab
 
 MAX_ROLLBACK_TOKENS = 1 << 16
@@ -91,11 +92,13 @@ class OutlinesBackend(GrammarBackend):
         assert c.kind == "json_schema", c.kind
         if c.json_indent is not None:
             raise ValueError("json_indent: indented JSON is not supported by the outlines backend")
-        check_schema_support(c.schema(), self.name)
+        schema = bound_recursion(c.schema())
+        check_schema_support(schema, self.name)
         from outlines_core.json_schema import build_regex_from_schema
 
         try:
-            return build_regex_from_schema(c.spec, whitespace_pattern="")
+            return build_regex_from_schema(json.dumps(schema, ensure_ascii=False),
+                                           whitespace_pattern="")
         except Exception as e:
             msg = str(e).strip().splitlines()[0]
             raise ValueError(f"json_schema: not supported by the outlines backend: {msg}") from None

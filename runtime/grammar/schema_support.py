@@ -67,6 +67,7 @@ def _walk(node: Any, backend: str, path: str, root: dict[str, Any]) -> None:
             _refuse(backend, path, key)
     if "format" in node and node["format"] not in FORMATS[backend]:
         _refuse(backend, path, "format", f"format {node['format']!r}")
+    _check_combinations(node, backend, path)
     if "multipleOf" in node and not (
         node.get("type") == "integer" and isinstance(node["multipleOf"], int)
     ):
@@ -87,6 +88,44 @@ def _walk(node: Any, backend: str, path: str, root: dict[str, Any]) -> None:
     for key in _SUB_DICT:
         for name, sub in (node.get(key) or {}).items():
             _walk(sub, backend, f"{path}/{key}/{name}", root)
+
+
+# Keywords that replace the node's grammar: restrictive siblings would be silently ignored.
+_EXCLUSIVE = ("enum", "const", "anyOf", "oneOf", "allOf", "$ref")
+
+
+def _check_combinations(node: dict[str, Any], backend: str, path: str) -> None:
+    """Both backends build one grammar per keyword family and drop the rest: an ``enum`` with a
+    ``maximum``, a ``pattern`` with a ``maxLength``, an ``anyOf`` with sibling ``minimum``...
+    Such combinations are refused (the caller can fold the siblings into the branches)."""
+    restrictive = [k for k in node if k in RESTRICTIVE]
+    for key in _EXCLUSIVE:
+        if key not in node:
+            continue
+        others = [k for k in restrictive if k != key and not (k == "type" and _type_redundant(node))]
+        if others:
+            _refuse(backend, path, key, f"{key} combined with {', '.join(others)}")
+    string_rules = [k for k in ("format", "pattern", "minLength", "maxLength") if k in node]
+    if ("format" in node or "pattern" in node) and len(string_rules) > 1:
+        _refuse(backend, path, string_rules[0], f"{' + '.join(string_rules)} on one string")
+
+
+def _type_redundant(node: dict[str, Any]) -> bool:
+    """``type`` next to ``enum``/``const`` adds nothing when every value already has that type."""
+    if "enum" not in node and "const" not in node:
+        return False
+    values = node["enum"] if "enum" in node else [node["const"]]
+    types = node["type"] if isinstance(node["type"], list) else [node["type"]]
+    return all(any(_has_type(v, t) for t in types) for v in values)
+
+
+def _has_type(value: Any, t: str) -> bool:
+    if t == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    python = {"string": str, "boolean": bool, "null": type(None), "array": list, "object": dict}
+    return isinstance(value, python.get(t, ()))
 
 
 def _refuse(backend: str, path: str, key: str, what: str | None = None) -> None:

@@ -2,6 +2,8 @@
 
 JSON is compact (``{"a":1,"b":[2,3]}``, no whitespace anywhere) unless the constraint has a
 ``json_indent``, then pretty-printed with that indent and ``", "`` / ``": "`` separators.
+Recursive schemas are bounded to depth 3 (:mod:`schema_unroll`), and schemas using keywords or
+keyword combinations xgrammar would not enforce are refused (:mod:`schema_support`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from runtime.grammar.constraints import Constraint
 from runtime.grammar.lark_ebnf import lark_to_ebnf
 from runtime.grammar.regex_ebnf import ebnf_string
 from runtime.grammar.schema_support import check_schema_support
+from runtime.grammar.schema_unroll import bound_recursion
 from runtime.grammar.vocab import TokenVocab
 
 _FIELD = {"json_schema": "json_schema", "regex": "regex", "choices": "choices",
@@ -60,13 +63,15 @@ class XGrammarBackend(GrammarBackend):
 
     def _compile(self, c: Constraint):
         if c.kind == "json_schema":
-            check_schema_support(c.schema(), self.name)
+            schema = bound_recursion(c.schema())
+            check_schema_support(schema, self.name)
+            spec = json.dumps(schema, ensure_ascii=False)
             if c.json_indent is None:
                 return self._compiler.compile_json_schema(
-                    c.spec, any_whitespace=False, separators=(",", ":"), strict_mode=True
+                    spec, any_whitespace=False, separators=(",", ":"), strict_mode=True
                 )
             return self._compiler.compile_json_schema(
-                c.spec, any_whitespace=False, indent=c.json_indent, strict_mode=True
+                spec, any_whitespace=False, indent=c.json_indent, strict_mode=True
             )
         if c.kind == "regex":
             return self._compiler.compile_regex(c.spec)
