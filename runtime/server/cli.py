@@ -22,7 +22,7 @@ import uvicorn
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ENGINE_FLAGS = ("page_size", "kv_budget_mb", "max_batch_tokens", "max_running",
-                "grammar_backend", "dtype")
+                "grammar_backend", "dtype", "kv_dtype")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -41,6 +41,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="structured-output backend (default xgrammar)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="model and KV dtype (default float32)")
+    p.add_argument("--kv-dtype", choices=("auto", "int8", "fp8_e4m3", "fp8_e5m2"), default=None,
+                   help="KV cache storage (default auto: the model dtype)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--served-model-name", default=None,
@@ -70,7 +72,7 @@ def describe(engine, url: str, api_key: bool) -> str:
         f"  model   {engine.model_path} ({engine.model_config.num_layers} layers, "
         f"{engine.config.dtype}, context {engine.max_context})",
         f"  KV pool {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} "
-        f"tokens, {pool.nbytes() / 2**20:.1f} MiB",
+        f"tokens, {pool.nbytes() / 2**20:.1f} MiB ({engine.kv_layout.kv_dtype_name})",
         f"  batch   max {engine.config.max_batch_tokens} tokens/step, "
         f"{engine.config.max_running} running; grammar {engine.config.grammar_backend}",
         f"  OpenAI  {url}/v1  (chat/completions, completions, models)",

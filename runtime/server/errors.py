@@ -70,6 +70,8 @@ def from_value_error(exc: ValueError, param_map: dict[str, str] | None = None,
             param = param_map[base]
     if field is not None and param != field:
         message = f"{param}{message[len(field):]}"
+    elif field is None and param is not None:
+        message = f"{param}: {message}"
     code = "context_length_exceeded" if is_length_error(message) else None
     return APIError(400, message, param, code)
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from runtime.kv_plan import describe_engine
 from runtime.server.state import ServerState
 
 router = APIRouter()
@@ -42,6 +43,7 @@ async def get_model_info(request: Request):
         "num_kv_heads": mc.num_kv_heads,
         "head_dim": mc.head_dim,
         "dtype": e.config.dtype,
+        "kv_dtype": e.kv_layout.kv_dtype_name,
         "page_size": pool.page_size,
         "kv_pool": {"num_pages": pool.num_pages, "bytes": pool.nbytes(),
                     "capacity_tokens": pool.capacity_tokens,
@@ -49,6 +51,7 @@ async def get_model_info(request: Request):
         "grammar_backend": e.config.grammar_backend,
         "max_batch_tokens": e.config.max_batch_tokens,
         "max_running": e.config.max_running,
+        "capacity": describe_engine(e),
     }
 
 
