@@ -138,8 +138,14 @@ def add_kv_plan_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_kv_plan)
 
 
+def add_serve_command(sub: argparse._SubParsersAction) -> None:
+    from runtime.server.cli import add_serve_command as add_server_command
+
+    add_server_command(sub)    # flags of runtime.server.cli; handler = serve_main
+
+
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    add_generate_command, add_graph_command, add_kv_plan_command)
+    add_generate_command, add_graph_command, add_kv_plan_command, add_serve_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
