@@ -7,6 +7,12 @@ depth 3 (:mod:`schema_unroll`; outputs stay valid, deeper nesting is not generat
 (seconds for schemas with long bounded strings), which is why compilation runs off the engine
 loop. Jump-forward walks the automaton one single-byte token at a time while exactly one byte is
 possible (a byte that only occurs inside multi-byte tokens ends the forced text there).
+
+Known outlines-core 0.2.14 limitation: in a state where the whole regex is already matched, the
+index only keeps transitions that stay in the final loop; e.g. for ``[0-9]+(\\.[0-9]+)?`` after
+the token ``3`` it allows digits and EOS but not ``.``, and for choices ``a``/``ab`` (tokenized
+``a``, ``b``) it stops at ``a``. Outputs still always match (a subset of the language is
+generated); JSON is unaffected because its only final state is after the closing bracket.
 """
 
 from __future__ import annotations
