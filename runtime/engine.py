@@ -89,6 +89,7 @@ class Engine:
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "requests_finished": 0}
         self.peak_pages_used = 0
         self._grammar = None
+        self._grammar_lock = threading.Lock()
 
     # ---- public API ---------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -361,12 +362,17 @@ class Engine:
 
     def grammar_cache(self):
         """The compiled-grammar cache (created on first use: most engines never need it)."""
+        with self._grammar_lock:
+            return self._grammar_cache_locked()
+
+    def _grammar_cache_locked(self):
         if self._grammar is None:
             from runtime.grammar.base import make_grammar_backend
             from runtime.grammar.cache import GrammarCache
 
             backend = make_grammar_backend(self.config.grammar_backend, self.tokenizer,
-                                           self.model_config.vocab_size)
+                                           self.model_config.vocab_size,
+                                           stop_token_ids=sorted(self.eos_ids))
             self._grammar = GrammarCache(backend)
         return self._grammar
 

@@ -3,7 +3,6 @@ conditions, jump-forward, finishing and streaming deltas. Runs on the thread tha
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -77,6 +76,7 @@ class OutputProcessor:
         touched: list[Request] = []
         sample_reqs: list[Request] = []
         sample_rows: list[int] = []
+        drafts: list[tuple[Request, range, int]] = []
         row = 0
         for it in items:
             req = it.req
@@ -94,6 +94,9 @@ class OutputProcessor:
             if req.group.prefill_only:
                 self.finish(req, "stop")
                 continue
+            if req.draft:
+                drafts.append((req, range(rows.stop - 1 - len(req.draft), rows.stop), it.start))
+                continue
             for r in self._fork_if_first_sample(req):
                 sample_reqs.append(r)
                 sample_rows.append(rows.stop - 1)
@@ -104,6 +107,8 @@ class OutputProcessor:
             tokens, lps = sample(logits.index_select(0, rows_t), specs)
             for r, tok, lp in zip(sample_reqs, tokens, lps):
                 self._append(r, tok, lp)
+        for req, rows, start in drafts:
+            self._verify_draft(req, logits[rows.start:rows.stop], start)
         self._emit(touched)
 
     def _prompt_logprobs(self, it: ScheduledItem, logits: torch.Tensor) -> None:
@@ -133,15 +138,17 @@ class OutputProcessor:
             siblings.append(sib)
         return [req] + siblings
 
-    def _spec(self, req: Request) -> RowSpec:
+    def _spec(self, req: Request, extra_output: Sequence[int] = ()) -> RowSpec:
         p = req.params
+        output = req.output_ids + list(extra_output) if extra_output else req.output_ids
         banned: list[int] = []
-        if len(req.output_ids) < p.min_tokens:
+        if len(output) < p.min_tokens:
             banned = sorted(self.e.eos_ids | set(p.stop_token_ids))
-        return RowSpec(p, req.generator, req.prompt_ids, req.output_ids, banned, req.matcher,
+        return RowSpec(p, req.generator, req.prompt_ids, output, banned, req.matcher,
                        p.logprobs)
 
-    def _append(self, req: Request, tok: int, lp) -> None:
+    def _append(self, req: Request, tok: int, lp, matcher_accepted: bool = False) -> bool:
+        """Add a sampled token; returns whether the request finished."""
         g = req.group
         if g.first_token_time is None:
             g.first_token_time = time.perf_counter()
@@ -150,13 +157,40 @@ class OutputProcessor:
             req.logprobs.append(lp)
         self.e.counters["generated_tokens"] += 1
         stop = req.out.append(tok)
-        if req.matcher is not None:
+        if req.matcher is not None and not matcher_accepted:
             accepted = req.matcher.accept_token(tok)
             assert accepted, f"grammar rejected sampled token {tok}"
         if self._check_finish(req, tok, stop):
-            return
+            return True
         if req.matcher is not None and req.params.jump_forward and req.logprobs is None:
-            self._jump_forward(req)
+            from runtime.grammar.jump_forward import draft_tokens
+
+            # Exact jump-forward: the grammar's forced text becomes a draft that the next
+            # step runs in one extend and verifies against the model's own choices.
+            budget = req.params.max_tokens - len(req.output_ids)
+            req.draft = draft_tokens(req.matcher, self.e.tokenizer, max_tokens=min(32, budget))
+        return False
+
+    def _verify_draft(self, req: Request, logits: torch.Tensor, start: int) -> None:
+        """logits [1 + len(draft), V]: row i follows ``[last token] + draft[:i]``."""
+        from runtime.grammar.jump_forward import verify_draft
+
+        draft, req.draft = req.draft, []
+
+        def pick(i: int, row: torch.Tensor) -> int:
+            spec = self._spec(req, extra_output=draft[:i])
+            spec.matcher = None                      # verify_draft already masked the row
+            return sample(row, [spec])[0][0]
+
+        accepted = verify_draft(req.matcher, draft, logits, pick)
+        keep = start + len(accepted)                 # last token + matched draft have valid KV
+        if req.num_computed > keep:
+            req.page_table.truncate(keep)
+            req.num_computed = keep
+        req.passes_saved += len(accepted) - 1
+        for tok in accepted:
+            if self._append(req, tok, None, matcher_accepted=True):
+                return
 
     def _check_finish(self, req: Request, tok: int | None, stop: str | None) -> bool:
         p = req.params
@@ -173,38 +207,6 @@ class OutputProcessor:
         else:
             return False
         return True
-
-    def _jump_forward(self, req: Request) -> None:
-        """Append the grammar's forced continuation as tokens (computed in one extend step),
-        retokenizing the output tail so the token sequence stays canonical."""
-        forced = req.matcher.jump_forward_text()
-        if not forced:
-            return
-        tok = self.e.tokenizer
-        old = req.output_ids
-        new = tok.encode(tok.decode(old, skip_special_tokens=False) + forced,
-                         add_special_tokens=False)
-        k = len(os.path.commonprefix([old, new]))
-        if len(new) <= len(old):
-            return
-        if k < len(old):
-            req.matcher.rollback(len(old) - k)
-            del req.output_ids[k:]
-            req.out.truncate(k)
-            req.sent_tokens = min(req.sent_tokens, k)
-            keep = len(req.prompt_ids) + k
-            if req.num_computed > keep:
-                req.page_table.truncate(keep)
-                req.num_computed = keep
-        added = new[k:]
-        req.passes_saved += len(added) - (len(old) - k)
-        for i, t in enumerate(added):
-            req.output_ids.append(t)
-            stop = req.out.append(t)
-            accepted = req.matcher.accept_token(t)
-            assert accepted, "grammar rejected its own jump-forward text"
-            if self._check_finish(req, None, stop):
-                return
 
     # ---- finishing ----------------------------------------------------------------------
     def finish(self, req: Request, reason: str, matched=None, error: str | None = None) -> None:

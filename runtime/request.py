@@ -81,6 +81,7 @@ class Request:
     matched_stop: str | int | None = None
     logprobs: list[TokenLogprob] | None = None
     passes_saved: int = 0
+    draft: list[int] = field(default_factory=list)   # jump-forward tokens to verify next step
     preemptions: int = 0
     sent_tokens: int = 0                   # output tokens already streamed
     sent_logprobs: int = 0
@@ -103,7 +104,8 @@ class Request:
 
     @property
     def num_uncomputed(self) -> int:
-        return self.num_tokens - self.num_computed
+        """Tokens the next step(s) must run: the uncomputed tail plus any draft."""
+        return self.num_tokens + len(self.draft) - self.num_computed
 
     def completion(self) -> CompletionOutput:
         return CompletionOutput(self.index, self.out.text, list(self.output_ids),

@@ -46,7 +46,7 @@ class ScheduledItem(NamedTuple):
     @property
     def completes(self) -> bool:
         """The chunk reaches the end of the request's tokens (a sample follows)."""
-        return self.start + len(self.tokens) == self.req.num_tokens
+        return self.start + len(self.tokens) == self.req.num_tokens + len(self.req.draft)
 
 
 class Scheduler:
@@ -141,6 +141,7 @@ class Scheduler:
         self.running.remove(req)
         self.release(req)
         req.num_computed = 0
+        req.draft = []
         req.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(req)
@@ -154,6 +155,8 @@ class Scheduler:
         for req in sorted(self.running, key=lambda r: r.admit_seq):
             if req not in self.running or req.num_uncomputed == 0 or budget == 0:
                 continue
+            if req.draft and req.num_uncomputed > budget:
+                req.draft = []                        # a draft is verified whole or not at all
             n = min(req.num_uncomputed, budget)
             if not self._reserve(req, n, can_preempt=True):
                 if req in self.running:              # alone and still no room: cannot fit
@@ -226,13 +229,15 @@ class Scheduler:
 
     def _item(self, req: Request, n: int) -> ScheduledItem:
         start = req.num_computed
-        completes = start + n == req.num_tokens
+        ids = req.all_ids + req.draft
+        completes = start + n == len(ids)
         rows: list[int] = []
         if req.group.logprob_start is not None:
             # row p predicts token p + 1: prompt logprobs need rows logprob_start-1 .. P-2
             lo = max(start, req.group.logprob_start - 1)
             hi = min(start + n, len(req.prompt_ids) - 1)
             rows = [p - start for p in range(lo, hi)]
-        if completes and (not rows or rows[-1] != n - 1):
-            rows.append(n - 1)
-        return ScheduledItem(req, start, req.all_ids[start:start + n], rows)
+        if completes:
+            # the sample row, and one row per draft token to verify
+            rows += [r for r in range(n - 1 - len(req.draft), n) if not rows or r > rows[-1]]
+        return ScheduledItem(req, start, ids[start:start + n], rows)
