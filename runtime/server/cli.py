@@ -3,8 +3,7 @@
 - ``add_serve_arguments(parser)`` adds the flags to any parser;
 - ``add_serve_command(subparsers)`` adds the ``serve`` sub-command (its ``handler`` default
   is :func:`serve_main`) to a console script's sub-parsers;
-- ``main(argv, prog)`` parses ``argv`` and serves (what ``agentlang serve`` delegates to, so
-  that other ``agentlang`` commands need not import torch and uvicorn);
+- ``main(argv, prog)`` parses ``argv`` and serves (``python -m runtime.server``);
 - ``serve_main(args) -> int`` loads the engine, prints what it loaded and the URL once the
   socket listens, and serves in the foreground until Ctrl-C / SIGTERM (clean shutdown: open
   streams get a short grace period, then the engine loop stops). Returns the exit code.
