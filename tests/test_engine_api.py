@@ -143,4 +143,5 @@ def test_bad_prompts_fail_alone(eng):
     with pytest.raises(ValueError, match="KV pool"):
         small = Engine(eng.model_path, page_size=16, num_pages=4)
         small.generate([5] * 100, greedy(2))
-    assert eng.generate("Still serving?", greedy(3)).finish_reason == "length"
+    after = eng.generate("Still serving?", greedy(3))
+    assert after.error is None and after.finish_reason in ("stop", "length")
