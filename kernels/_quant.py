@@ -70,11 +70,13 @@ def check_scale(name: str, scale: object, cache: torch.Tensor, cache_name: str) 
     if scale.dtype != SCALE_DTYPE:
         raise ValueError(f"{name} must be {SCALE_DTYPE}, got {scale.dtype}")
     if tuple(scale.shape) != tuple(cache.shape[:-1]):
-        raise ValueError(f"{name} must have shape {tuple(cache.shape[:-1])}, got {tuple(scale.shape)}")
+        raise ValueError(
+            f"{name} must have shape {tuple(cache.shape[:-1])}, got {tuple(scale.shape)}")
     if scale.device != cache.device:
         raise ValueError(f"{name} must be on {cache.device}, got {scale.device}")
     if scale.numel() > 0 and scale.stride(-1) != 1:
-        raise ValueError(f"{name} must have unit stride in its last dim, got strides {scale.stride()}")
+        raise ValueError(
+            f"{name} must have unit stride in its last dim, got strides {scale.stride()}")
 
 
 def quantize_ref(x: torch.Tensor, cache_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,14 @@ from runtime.page_allocator import PageAllocator
 from runtime.radix_cache import RadixCache
 
 QUANT = ["int8", "fp8_e4m3", "fp8_e5m2"]
+# not the bench's prompt set (bench/data/kv_quant_prompts.json)
+AGREEMENT_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old "
+    "woodcutter and his three children. Every morning he",
+    "import numpy as np\n\ndef softmax(x):",
+    "Q: What is the boiling point of water at sea level in Celsius?\nA:",
+]
 # half a step of the row's largest magnitude: absolute for int8, relative (half an ulp) for fp8
 HALF_STEP = {"int8": 0.5 / 127, "fp8_e4m3": 2**-4, "fp8_e5m2": 2**-3}
 
@@ -194,7 +202,8 @@ def test_engine_int8_pool_namespace_and_description(int8_engine):
     assert info["weights_bytes"] == 134515008 * 4
 
 
-def _load_bench():
+@pytest.fixture(scope="module")
+def bench():
     path = Path(__file__).parent.parent / "bench" / "kv_quant.py"
     spec = importlib.util.spec_from_file_location("kv_quant_bench", path)
     mod = importlib.util.module_from_spec(spec)
@@ -204,12 +213,9 @@ def _load_bench():
 
 
 @pytest.mark.slow
-def test_int8_top1_agreement_teacher_forced(int8_engine):
-    from conftest import PROMPTS
-
-    bench = _load_bench()
+def test_int8_top1_agreement_teacher_forced(int8_engine, bench):
     model, tok = int8_engine.model, int8_engine.tokenizer
-    prompts = [tok.encode(p) for p in PROMPTS[:4]]
+    prompts = [tok.encode(p) for p in AGREEMENT_PROMPTS]
     res = bench.teacher_forced(model, prompts, ("int8",), positions=32)
     r = res["int8"]
     print(f"\nint8 KV vs fp32 KV, {r['positions']} teacher-forced positions: top-1 agreement "
@@ -217,3 +223,17 @@ def test_int8_top1_agreement_teacher_forced(int8_engine):
     assert r["positions"] == 128
     assert r["top1_agreement"] >= 0.95
     assert 0 < r["kl_mean"] < 0.01
+
+
+@pytest.mark.slow
+def test_bench_perplexity_and_memory_table(int8_engine, bench):
+    model = int8_engine.model
+    ids = int8_engine.tokenizer.encode(bench.load_text())[:70]
+    full = bench.perplexity(model, ids, "auto", chunk=32)
+    assert full == pytest.approx(bench.perplexity(model, ids, "auto", chunk=128), rel=1e-4)
+    int8 = bench.perplexity(model, ids, "int8", chunk=32)
+    assert 1 < full < 1000 and int8 != full and int8 == pytest.approx(full, rel=0.02)
+    rows = {r["kv_dtype"]: r for r in bench.memory_table(model)}
+    assert rows["int8"]["bytes_per_token"] == 11880 and rows["int8"]["ratio_vs_bf16"] <= 0.53
+    assert rows["bfloat16"]["requests_4k_in_budget"] == 4 * 2**30 // (23040 * 4096) == 45
+    assert rows["int8"]["requests_4k_in_budget"] == 88
