@@ -55,7 +55,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    with al.RuntimeEndpoint(args.url) if args.url else al.Runtime() as backend:
+    with (al.RuntimeEndpoint(args.url) if args.url else al.Runtime()) as backend:
         verdict, transcript = main(backend, max_tokens=args.max_tokens, rounds=args.rounds)
         for r, lines in enumerate(transcript):
             print(f"-- round {r + 1}\n" + "\n".join(lines))

@@ -112,6 +112,6 @@ if __name__ == "__main__":
     parser.add_argument("--url", help="agentlang server URL (default: start one here)")
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
-    with contextlib.nullcontext(args.url) if args.url else local_server() as url:
+    with (contextlib.nullcontext(args.url) if args.url else local_server()) as url:
         for key, value in main(url, max_tokens=args.max_tokens).items():
             print(f"{key}: {value}")

@@ -29,5 +29,5 @@ if __name__ == "__main__":
     parser.add_argument("--url", help="agentlang server URL (default: in-process runtime)")
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
-    with al.RuntimeEndpoint(args.url) if args.url else al.Runtime() as backend:
+    with (al.RuntimeEndpoint(args.url) if args.url else al.Runtime()) as backend:
         print(main(backend, max_tokens=args.max_tokens))

@@ -76,7 +76,7 @@ if __name__ == "__main__":
     parser.add_argument("--url", help="agentlang server URL (default: in-process runtime)")
     parser.add_argument("--max-tokens", type=int, default=24)
     args = parser.parse_args()
-    with al.RuntimeEndpoint(args.url) if args.url else al.Runtime() as backend:
+    with (al.RuntimeEndpoint(args.url) if args.url else al.Runtime()) as backend:
         answer, trajectory = main(backend, max_tokens=args.max_tokens)
         for step in trajectory:
             print("%s(%s) -> %s" % step)

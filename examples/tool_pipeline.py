@@ -89,7 +89,7 @@ if __name__ == "__main__":
     parser.add_argument("--url", help="agentlang server URL (default: in-process runtime)")
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
-    with al.RuntimeEndpoint(args.url) if args.url else al.Runtime() as backend:
+    with (al.RuntimeEndpoint(args.url) if args.url else al.Runtime()) as backend:
         answer, calls = main(backend, max_tokens=args.max_tokens)
         for call in calls:
             print(f"{call['tool']}({call['arguments']}) -> {call['result']}")

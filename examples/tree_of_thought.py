@@ -59,7 +59,7 @@ if __name__ == "__main__":
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--width", type=int, default=3)
     args = parser.parse_args()
-    with al.RuntimeEndpoint(args.url) if args.url else al.Runtime() as backend:
+    with (al.RuntimeEndpoint(args.url) if args.url else al.Runtime()) as backend:
         path, levels, summary = main(backend, max_tokens=args.max_tokens, depth=args.depth,
                                      width=args.width)
         for level, (candidates, chosen) in enumerate(zip(levels, path), 1):
