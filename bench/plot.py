@@ -1,0 +1,140 @@
+"""Charts for docs/benchmarks.md from the benchmarks' JSON output (bench/results/*.json).
+
+    python bench/plot.py [--results bench/results] [--out docs/img]
+
+Each chart is drawn only when its JSON exists; returns the list of PNGs written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def bars(ax, labels: list[str], series: dict[str, list[float]], ylabel: str, fmt: str = "{:.1f}"):
+    """Grouped bar chart: one group per label, one bar per series, values written on top."""
+    n = len(series)
+    width = 0.8 / n
+    for i, (name, values) in enumerate(series.items()):
+        xs = [j + (i - (n - 1) / 2) * width for j in range(len(labels))]
+        rects = ax.bar(xs, values, width, label=name)
+        ax.bar_label(rects, [fmt.format(v) for v in values], fontsize=8, padding=2)
+    ax.set_xticks(range(len(labels)), labels, fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def throughput(d: dict, ax) -> str:
+    runs = d["runs"]
+    labels = [f"{r['workload'].replace('_', ' ')}\n{r['dtype']}" for r in runs]
+    bars(ax, labels, {"agentlang": [r["agentlang"]["tokens_per_s"] for r in runs],
+                      "HF generate (batch 8)": [r["hf"]["tokens_per_s"] for r in runs]},
+         "output tokens / s")
+    top = max(r["agentlang"]["tokens_per_s"] for r in runs)
+    for j, r in enumerate(runs):
+        ax.text(j, top * 1.12, f"{r['speedup']:.1f}×", ha="center", fontsize=10,
+                fontweight="bold")
+    ax.set_ylim(0, top * 1.25)
+    return "Engine throughput vs HF transformers (ratio in bold)"
+
+
+def programs(d: dict, ax) -> str:
+    runs = d["runs"]
+    bars(ax, [r["program"].replace("_", " ") for r in runs],
+         {"agentlang (forks/batch + radix cache)": [r["agentlang_s"] for r in runs],
+          "naive sequential, no cache": [r["naive_s"] for r in runs]}, "wall time (s)")
+    return f"Agent programs ({d['dtype']}): " + ", ".join(f"{r['speedup']:.1f}×" for r in runs)
+
+
+def kv_memory(d: dict, ax) -> str:
+    rs = d["results"]
+    labels = [r["policy"] + (f"\npage {r['page_size']}" if r["page_size"] else "") for r in rs]
+    bars(ax, labels, {"KV waste %": [r["waste_pct"] for r in rs],
+                      "mean concurrent requests": [r["mean_concurrent"] for r in rs]}, "")
+    return f"Paged vs contiguous KV: {d['concurrency_ratio']:.1f}× more concurrent requests"
+
+
+def kv_quant(d: dict, ax) -> str:
+    rs = d["results"]
+    bars(ax, [r["kv_dtype"] for r in rs],
+         {"top-1 agreement %": [100 * r["top1_agreement"] for r in rs],
+          "4k-token requests in budget": [r["requests_4k_in_budget"] for r in rs]}, "")
+    return "Quantized KV: quality and capacity"
+
+
+def structured(d: dict, ax) -> str:
+    jf = d["jump_forward"]
+    v = d["validity"]
+    bars(ax, ["forward passes (key-heavy JSON)", "wall time (s)"],
+         {"jump-forward off": [jf["off"]["forward_passes"], jf["off"]["wall_s"]],
+          "jump-forward on": [jf["on"]["forward_passes"], jf["on"]["wall_s"]]}, "")
+    valid = ", ".join(f"{b} {x['valid_pct']:.0f}% valid" for b, x in v.items())
+    return (f"Structured output: {jf['passes_saved_pct']:.0f}% fewer passes with jump-forward"
+            f"\n20-schema set: {valid}")
+
+
+def serve(d: dict, ax) -> str:
+    a, h = d["in_process"], d["http"]
+    bars(ax, ["output tok/s", "TTFT p50 (s)", "TTFT p99 (s)"],
+         {"in-process engine": [a["tokens_per_s"], a["ttft_p50_s"], a["ttft_p99_s"]],
+          "HTTP, 16 clients": [h["tokens_per_s"], h["ttft_p50_s"], h["ttft_p99_s"]]}, "")
+    return "Server overhead: HTTP vs in-process"
+
+
+def kernels(d: dict, ax) -> str:
+    rows = [r for r in d.get("decode", []) if "gbps" in r]
+    if not rows:
+        raise KeyError("no decode rows")
+    labels = [f"B{r['batch']}\n{r['context'] // 1024}k" for r in rows][:12]
+    bars(ax, labels, {"decode GB/s": [r["gbps"] for r in rows][:12]}, "GB/s", fmt="{:.0f}")
+    return "Triton paged decode attention"
+
+
+CHARTS: dict[str, Callable[[dict, plt.Axes], str]] = {
+    "throughput": throughput, "programs": programs, "kv_memory": kv_memory,
+    "kv_quant": kv_quant, "structured": structured, "serve": serve, "kernels": kernels,
+}
+
+
+def plot_all(results: Path, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, draw in CHARTS.items():
+        src = results / f"{name}.json"
+        if not src.exists():
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        try:
+            title = draw(json.loads(src.read_text()), ax)
+        except KeyError as e:
+            print(f"skip {name}: {src} lacks {e}")
+            plt.close(fig)
+            continue
+        ax.set_title(title, fontsize=11)
+        fig.tight_layout()
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+        print(f"wrote {path}")
+    return written
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--results", default="bench/results")
+    ap.add_argument("--out", default="docs/img")
+    args = ap.parse_args()
+    plot_all(Path(args.results), Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
