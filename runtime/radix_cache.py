@@ -273,6 +273,10 @@ class RadixCache:
             "pages_free": a.num_free,
         }
 
+    def roots(self) -> dict[Hashable, TreeNode]:
+        """The root node of each namespace (read-only view, for inspection and drawing)."""
+        return dict(self._roots)
+
     def check_integrity(self) -> None:
         """Assert every structural invariant (cheap: one pass over the tree)."""
         ps = self.page_size
