@@ -285,6 +285,8 @@ class Engine:
             return self.scheduler.has_work or bool(self._pending_grammar)
 
     def start_background_loop(self) -> None:
+        if self._loop_thread is not None:     # fast path: never wait for a running step
+            return
         with self._step_lock:
             if self._loop_thread is not None:
                 return
