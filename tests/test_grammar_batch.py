@@ -213,3 +213,24 @@ def test_verify_draft_without_draft_is_one_decode_step(compiled):
     logits = torch.randn(1, V)
     out = verify_draft(m, [], logits, lambda i, row: int(row.argmax(-1)))
     assert len(out) == 1 and m.num_accepted == 1
+
+
+def test_concurrent_compiles_on_both_backends(tokenizer):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "grammar_schemas", Path(__file__).parent / "data" / "schemas.py")
+    schemas = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(schemas)
+    for name in ("xgrammar", "outlines"):
+        backend = make_grammar_backend(name, tokenizer, V)
+        with GrammarCache(backend, max_workers=4) as cache:
+            jobs = [(instance, cache.submit(constraint_from_params(json_schema=schema)))
+                    for sname, schema, instance in schemas.SCHEMAS
+                    if name == "xgrammar" or sname not in schemas.OUTLINES_UNSUPPORTED]
+            for instance, fut in jobs:
+                m = fut.result(timeout=60).new_matcher()
+                assert all(m.accept_token(t)
+                           for t in tokenizer.encode(instance, add_special_tokens=False))
+                assert m.is_terminated()
