@@ -45,15 +45,16 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
         self.scale = self.hd ** -0.5
 
-    def forward(self, x, batch: ForwardBatch, rope: RotaryEmbedding, pool: KVPool,
-                backend: AttentionBackend):
+    def forward(self, x, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
+                pool: KVPool, backend: AttentionBackend):
         T = x.shape[0]                                          # x: [T, hidden]
         q, k, v = self.qkv_proj(x).split(
             [self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
         q = q.view(T, self.nh, self.hd)
         k = k.view(T, self.nkv, self.hd)
         v = v.view(T, self.nkv, self.hd)
-        q, k = rope.apply(q, batch.positions), rope.apply(k, batch.positions)
+        cos, sin = rope                                         # [T, 1, hd] each
+        q, k = RotaryEmbedding.rotate(q, cos, sin), RotaryEmbedding.rotate(k, cos, sin)
         backend.store_kv(pool, self.layer, k, v, batch)
         o = backend.attend(q, pool, self.layer, batch, self.scale)  # [T, nh, hd]
         return self.o_proj(o.reshape(T, self.nh * self.hd))
@@ -115,8 +116,9 @@ class LlamaModel(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)                  # [T, hidden]
+        rope = self.rope.cos_sin(batch.positions, x.dtype)      # shared by all layers
         for layer in self.layers:
-            x = layer(x, batch, self.rope, pool, backend)
+            x = layer(x, batch, rope, pool, backend)
         x = self.norm(x[batch.logits_indices])                  # [N, hidden]
         return self.lm_head(x).float()                          # [N, V]
 

@@ -41,10 +41,19 @@ class RotaryEmbedding:
         self.cos, self.sin = self.cos.to(device), self.sin.to(device)
         return self
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, H, D]; positions: [T] -> rotated x, same dtype."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotation of each position, ``([T, 1, D], [T, 1, D])``: computed once per step and
+        shared by every layer."""
+        return (self.cos[positions].unsqueeze(1).to(dtype),
+                self.sin[positions].unsqueeze(1).to(dtype))
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, H, D] rotated by ``cos_sin`` of its positions."""
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, H, D]; positions: [T] -> rotated x, same dtype."""
+        return self.rotate(x, *self.cos_sin(positions, x.dtype))
