@@ -234,3 +234,20 @@ def test_concurrent_compiles_on_both_backends(tokenizer):
                 assert all(m.accept_token(t)
                            for t in tokenizer.encode(instance, add_special_tokens=False))
                 assert m.is_terminated()
+
+
+def test_split_fill_then_apply(compiled):
+    from runtime.grammar import apply_grammar_bitmask, fill_grammar_bitmask
+
+    assert fill_grammar_bitmask([None, None], V) is None
+    apply_grammar_bitmask(torch.randn(2, V), None)  # no-op
+    m = compiled.new_matcher()
+    filled = fill_grammar_bitmask([None, m], V)
+    assert filled.rows == [1] and filled.batch == 2
+    logits = torch.randn(2, V)
+    before = logits.clone()
+    apply_grammar_bitmask(logits, filled)
+    assert torch.equal(logits[0], before[0])
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == m.allowed_token_ids()
+    with pytest.raises(ValueError, match="logits must be"):
+        apply_grammar_bitmask(torch.randn(3, V), filled)

@@ -18,12 +18,18 @@ from runtime.grammar.constraints import (
     Constraint,
     constraint_from_params,
 )
-from runtime.grammar.jump_forward import JumpForward, jump_forward
-from runtime.grammar.mask import apply_grammar_masks
+from runtime.grammar.jump_forward import JumpForward, draft_tokens, jump_forward, verify_draft
+from runtime.grammar.mask import (
+    FilledBitmask,
+    apply_grammar_bitmask,
+    apply_grammar_masks,
+    fill_grammar_bitmask,
+)
 
 __all__ = [
-    "BACKENDS", "CompiledGrammar", "Constraint", "GrammarBackend", "GrammarCache",
-    "GrammarMatcher", "JumpForward", "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR",
-    "apply_grammar_masks", "bitmask_width", "constraint_from_params", "jump_forward",
-    "make_grammar_backend",
+    "BACKENDS", "CompiledGrammar", "Constraint", "FilledBitmask", "GrammarBackend",
+    "GrammarCache", "GrammarMatcher", "JumpForward", "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT",
+    "REGEX_STR", "apply_grammar_bitmask", "apply_grammar_masks", "bitmask_width",
+    "constraint_from_params", "draft_tokens", "fill_grammar_bitmask", "jump_forward",
+    "make_grammar_backend", "verify_draft",
 ]

@@ -31,9 +31,16 @@ def bitmask_width(vocab_size: int) -> int:
 
 
 def bitmask_row_ids(row: torch.Tensor, vocab_size: int) -> list[int]:
-    """Allowed token ids of one bitmask row ``[ceil(V/32)] int32``."""
-    bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [W, 32]
-    return torch.nonzero(bits.reshape(-1)[:vocab_size]).flatten().tolist()
+    """Allowed token ids of one CPU bitmask row ``[ceil(V/32)] int32`` (little-endian words)."""
+    import numpy as np
+
+    bits = np.unpackbits(row.contiguous().numpy().view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits[:vocab_size]).tolist()
+
+
+def bitmask_allows(row: torch.Tensor, token_id: int) -> bool:
+    """Whether bitmask row ``[ceil(V/32)] int32`` allows ``token_id``."""
+    return bool((int(row[token_id // 32]) >> (token_id % 32)) & 1)
 
 
 def ids_to_bitmask_row(ids, vocab_size: int) -> torch.Tensor:

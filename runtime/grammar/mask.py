@@ -1,16 +1,75 @@
 """Apply the grammar masks of a whole batch to its logits in one op.
 
-Only rows with a matcher are filled and masked; a batch without constrained rows returns before
-allocating anything, and unconstrained rows are never read or written.
+Two halves, so the engine can fill the masks on the CPU while the model runs, then apply them
+to the logits when they arrive: :func:`fill_grammar_bitmask` (CPU, per constrained row) and
+:func:`apply_grammar_bitmask` (one kernel over the batch; xgrammar's CPU kernel or its GPU
+kernel). :func:`apply_grammar_masks` does both. Only rows with a matcher are filled and masked;
+a batch without constrained rows returns before allocating anything, and unconstrained rows are
+never read or written.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
 from runtime.grammar.base import GrammarMatcher, bitmask_width
+
+
+class FilledBitmask(NamedTuple):
+    bitmask: torch.Tensor  # CPU int32 [>= batch, ceil(V/32)]; only `rows` are filled
+    rows: list[int]        # batch rows that have a matcher (non-empty)
+    batch: int             # N: rows in the logits this mask is for
+    vocab_size: int        # V
+
+
+def fill_grammar_bitmask(
+    matchers: Sequence[GrammarMatcher | None],
+    vocab_size: int,
+    bitmask: torch.Tensor | None = None,
+) -> FilledBitmask | None:
+    """Fill the next-token bitmask of every row that has a matcher; ``None`` when none has.
+
+    ``bitmask``: optional reusable CPU int32 buffer ``[>= N, ceil(V/32)]`` (pin it when the
+    logits live on a GPU); else one is allocated. ``vocab_size`` (the logits width) must equal
+    the matchers' ``vocab.vocab_size``.
+    """
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return None
+    n, width = len(matchers), bitmask_width(vocab_size)
+    if bitmask is None:
+        bitmask = torch.empty(n, width, dtype=torch.int32)  # rows not in `rows` are never read
+    elif bitmask.shape[0] < n or bitmask.shape[1] != width or bitmask.dtype != torch.int32:
+        raise ValueError(f"bitmask must be int32 [>= {n}, {width}], got {tuple(bitmask.shape)}")
+    for i in rows:
+        m = matchers[i]
+        if m.vocab.vocab_size != vocab_size:
+            raise ValueError(
+                f"logits width {vocab_size} != grammar vocab_size {m.vocab.vocab_size} (row {i}); "
+                "build the grammar backend with the model's vocab_size"
+            )
+        m.fill_mask(bitmask, i)
+    return FilledBitmask(bitmask, rows, n, vocab_size)
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, filled: FilledBitmask | None) -> None:
+    """Set forbidden logits to ``-inf`` in place (``logits [N, V]`` float32/bf16/fp16, any
+    device). No-op for ``None``."""
+    if filled is None:
+        return
+    if logits.dim() != 2 or tuple(logits.shape) != (filled.batch, filled.vocab_size):
+        raise ValueError(
+            f"logits must be [{filled.batch}, {filled.vocab_size}], got {tuple(logits.shape)}"
+        )
+    import xgrammar as xgr
+
+    mask = filled.bitmask[: filled.batch]
+    if logits.device.type != "cpu":
+        mask = mask.to(logits.device, non_blocking=mask.is_pinned())
+    rows = filled.rows if len(filled.rows) < filled.batch else None
+    xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=filled.vocab_size, indices=rows)
 
 
 def apply_grammar_masks(
@@ -18,40 +77,11 @@ def apply_grammar_masks(
     matchers: Sequence[GrammarMatcher | None],
     bitmask: torch.Tensor | None = None,
 ) -> None:
-    """Set the logits of tokens each row's grammar forbids to ``-inf``, in place.
-
-    ``logits [N, V]`` float32/bf16/fp16 on any device; ``matchers[i]`` is row i's matcher or
-    ``None``. ``V`` must equal the matchers' ``vocab.vocab_size``. ``bitmask``: optional
-    reusable CPU int32 buffer ``[>= N, ceil(V/32)]`` (pinned, for GPU logits); else one is
-    allocated for this call.
-    """
+    """Fill and apply in one call: ``logits [N, V]``, ``matchers[i]`` is row i's matcher or
+    ``None``; see :func:`fill_grammar_bitmask` for ``bitmask``."""
     if logits.dim() != 2 or len(matchers) != logits.shape[0]:
         raise ValueError(
             f"logits must be [N, V] with N == len(matchers), got {tuple(logits.shape)} "
             f"for {len(matchers)} matchers"
         )
-    rows = [i for i, m in enumerate(matchers) if m is not None]
-    if not rows:
-        return
-    import xgrammar as xgr
-
-    n, vocab = logits.shape
-    width = bitmask_width(vocab)
-    if bitmask is None:
-        bitmask = torch.empty(n, width, dtype=torch.int32)  # rows not in `rows` are never read
-    elif bitmask.shape[0] < n or bitmask.shape[1] != width or bitmask.dtype != torch.int32:
-        raise ValueError(f"bitmask must be int32 [>= {n}, {width}], got {tuple(bitmask.shape)}")
-    for i in rows:
-        m = matchers[i]
-        if m.vocab.vocab_size != vocab:
-            raise ValueError(
-                f"logits width {vocab} != grammar vocab_size {m.vocab.vocab_size} (row {i}); "
-                "build the grammar backend with the model's vocab_size"
-            )
-        m.fill_mask(bitmask, i)
-    mask = bitmask[:n]
-    if logits.device.type != "cpu":
-        mask = mask.to(logits.device, non_blocking=mask.is_pinned())
-    xgr.apply_token_bitmask_inplace(
-        logits, mask, vocab_size=vocab, indices=rows if len(rows) < n else None
-    )
+    apply_grammar_bitmask(logits, fill_grammar_bitmask(matchers, logits.shape[1], bitmask))
