@@ -9,10 +9,12 @@ concurrent API started it, else the blocking call itself).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import queue
 import random
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -291,27 +293,27 @@ class Engine:
             if self._loop_thread is not None:
                 return
             self._stop = False
-            self._loop_thread = threading.Thread(target=self._loop, name="agentlang-engine",
+            self._loop_thread = threading.Thread(target=_drive, args=(weakref.ref(self),),
+                                                 name="agentlang-engine",
                                                  daemon=True)
             self._loop_thread.start()
 
     def shutdown(self) -> None:
         self._stop = True
         self._wake.set()
-        if self._loop_thread is not None:
-            self._loop_thread.join(timeout=10)
-            self._loop_thread = None
+        thread, self._loop_thread = self._loop_thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
 
-    def _loop(self) -> None:
-        while not self._stop:
-            try:
-                busy = self.step()
-            except Exception as e:  # keep serving: fail the running requests, not the loop
-                self.processor.fail_all(f"engine error: {type(e).__name__}: {e}")
-                busy = False
-            if not busy:
-                self._wake.wait(timeout=0.05)
-                self._wake.clear()
+    def _loop_once(self) -> None:
+        try:
+            busy = self.step()
+        except Exception as e:  # keep serving: fail the running requests, not the loop
+            self.processor.fail_all(f"engine error: {type(e).__name__}: {e}")
+            busy = False
+        if not busy:
+            self._wake.wait(timeout=0.05)
+            self._wake.clear()
 
     def _run_until(self, done: threading.Event) -> None:
         if self._loop_thread is not None:
@@ -388,3 +390,22 @@ class Engine:
             self.shutdown()
         except Exception:
             pass
+
+
+def _drive(ref: "weakref.ref[Engine]") -> None:
+    """The background loop. Holds the engine only weakly between steps, so an engine nobody
+    references any more is collected and its loop ends; at interpreter exit it stops cleanly
+    (no thread is left inside a torch op while the process tears down)."""
+    atexit.register(_stop_at_exit, ref)
+    while True:
+        engine = ref()
+        if engine is None or engine._stop:
+            return
+        engine._loop_once()
+        del engine
+
+
+def _stop_at_exit(ref: "weakref.ref[Engine]") -> None:
+    engine = ref()
+    if engine is not None:
+        engine.shutdown()

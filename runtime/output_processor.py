@@ -147,8 +147,11 @@ class OutputProcessor:
         return RowSpec(p, req.generator, req.prompt_ids, output, banned, req.matcher,
                        p.logprobs)
 
-    def _append(self, req: Request, tok: int, lp, matcher_accepted: bool = False) -> bool:
-        """Add a sampled token; returns whether the request finished."""
+    def _append(self, req: Request, tok: int, lp, matcher_accepted: bool = False,
+                last: bool = True) -> bool:
+        """Add a sampled token; returns whether the request finished. ``matcher_accepted``:
+        the grammar matcher already consumed it (and, unless ``last``, tokens after it, so
+        its state says nothing about this position)."""
         g = req.group
         if g.first_token_time is None:
             g.first_token_time = time.perf_counter()
@@ -160,8 +163,10 @@ class OutputProcessor:
         if req.matcher is not None and not matcher_accepted:
             accepted = req.matcher.accept_token(tok)
             assert accepted, f"grammar rejected sampled token {tok}"
-        if self._check_finish(req, tok, stop):
+        if self._check_finish(req, tok, stop, grammar_state=last):
             return True
+        if not last:
+            return False
         if req.matcher is not None and req.params.jump_forward and req.logprobs is None:
             from runtime.grammar.jump_forward import draft_tokens
 
@@ -188,11 +193,12 @@ class OutputProcessor:
             req.page_table.truncate(keep)
             req.num_computed = keep
         req.passes_saved += len(accepted) - 1
-        for tok in accepted:
-            if self._append(req, tok, None, matcher_accepted=True):
+        for i, tok in enumerate(accepted):
+            if self._append(req, tok, None, matcher_accepted=True, last=i == len(accepted) - 1):
                 return
 
-    def _check_finish(self, req: Request, tok: int | None, stop: str | None) -> bool:
+    def _check_finish(self, req: Request, tok: int | None, stop: str | None,
+                      grammar_state: bool = True) -> bool:
         p = req.params
         if stop is not None:
             self.finish(req, "stop", stop)
@@ -200,7 +206,7 @@ class OutputProcessor:
             self.finish(req, "stop", tok)
         elif tok is not None and tok in p.stop_token_ids:
             self.finish(req, "stop", tok)
-        elif req.matcher is not None and req.matcher.is_terminated():
+        elif grammar_state and req.matcher is not None and req.matcher.is_terminated():
             self.finish(req, "stop")
         elif len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.e.max_context:
             self.finish(req, "length")

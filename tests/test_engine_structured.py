@@ -123,3 +123,14 @@ def test_bad_constraints_rejected_at_submission(eng, kw, field):
         eng.generate("x", SamplingParams(max_tokens=4, **kw))
     after = eng.generate("Still here?", SamplingParams(max_tokens=2, temperature=0))
     assert after.error is None and after.finish_reason in ("stop", "length")
+
+
+def test_jump_forward_to_the_end_of_the_grammar(eng):
+    """A draft that completes the grammar is kept whole (regression: the output used to stop
+    after the first drafted token because the matcher already looked terminated)."""
+    schema = {"enum": ["Paris-Lyon", "Rome-Milan", "Berlin-Munich"]}
+    prompt = chat("Which route goes from Paris to Lyon? Reply as JSON.")
+    on, off = (eng.generate(prompt, SamplingParams(max_tokens=32, temperature=0,
+                                                   json_schema=schema, jump_forward=jf))
+               for jf in (True, False))
+    assert on.text == off.text and json.loads(on.text) in schema["enum"]
