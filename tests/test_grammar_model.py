@@ -61,6 +61,16 @@ PHONE = r"\(\d{3}\) \d{3}-\d{4}"
 CHOICES = ["sunny", "rainy", "snowy and cold"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """On the shared 2-core box, 2 OpenMP threads competing with other jobs spin-wait and run
+    ~10x slower than 1 thread; use one for this module and restore the setting after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def backends(tokenizer):
     return {name: make_grammar_backend(name, tokenizer, VOCAB_SIZE)

@@ -55,7 +55,7 @@ class XGrammarBackend(GrammarBackend):
             if str(e).startswith(field + ":"):
                 raise
             raise ValueError(f"{field}: not supported by the xgrammar backend: {e}") from None
-        except Exception as e:  # xgrammar reports conversion failures as RuntimeError & co.
+        except RuntimeError as e:  # xgrammar reports every conversion failure as RuntimeError
             msg = str(e).strip().splitlines()
             raise ValueError(
                 f"{field}: not supported by the xgrammar backend: {msg[-1] if msg else e!r}"
