@@ -59,7 +59,8 @@ class GrammarMatcher(ABC):
     @abstractmethod
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into ``bitmask[row]`` (CPU int32 ``[N, ceil(V/32)]``,
-        contiguous). Does not change the state. After termination the row allows nothing."""
+        contiguous). Does not change the state. Once a stop token was accepted the row allows
+        nothing; at a complete match that admits nothing more it allows only the stop tokens."""
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
