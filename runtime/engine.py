@@ -29,6 +29,7 @@ from runtime.models.llama import LlamaModel
 from runtime.outputs import RequestOutput, StreamDelta
 from runtime.output_processor import OutputProcessor
 from runtime.page_allocator import PageAllocator
+from runtime.page_table import memory_metrics
 from runtime.prompts import PromptInput, normalize_prompts
 from runtime.radix_cache import RadixCache
 from runtime.request import Request, RequestGroup
@@ -101,18 +102,7 @@ class Engine:
     def generate(self, prompts: PromptInput, params: SamplingParams | Sequence[SamplingParams] | None = None):
         """Blocking. One prompt → one :class:`RequestOutput`; a list → a list, in order."""
         single, groups = self._make_groups(prompts, params)
-        done = threading.Event()
-        remaining = [len(groups)]
-
-        def finished(_g: RequestGroup) -> None:
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                done.set()
-
-        for g in groups:
-            g.on_finish = finished
-            self._submit(g)
-        self._run_until(done)
+        self._run_groups(groups)
         outs = [g.output() for g in groups]
         return outs[0] if single else outs
 
@@ -190,18 +180,7 @@ class Engine:
         try:
             groups = [self._new_group(s, SamplingParams(max_tokens=1), prefill_only=True,
                                       logprob_start=len(pre)) for s in seqs]
-            done = threading.Event()
-            left = [len(groups)]
-
-            def fin(_g):
-                left[0] -= 1
-                if not left[0]:
-                    done.set()
-
-            for g in groups:
-                g.on_finish = fin
-                self._submit(g)
-            self._run_until(done)
+            self._run_groups(groups)
         finally:
             if handle is not None:
                 self.release_prefix(handle)
@@ -212,17 +191,13 @@ class Engine:
         ids = self._encode_one(prompt, "prompt")
         handle = PrefixHandle(ids)
         g = self._new_group(ids, SamplingParams(max_tokens=1), prefill_only=True)
-        done = threading.Event()
 
-        def fin(grp: RequestGroup) -> None:
+        def pin(grp: RequestGroup) -> None:   # runs on the stepping thread, at the finish
             m = self.cache.match_prefix(ids, grp.namespace, record=False)
             self.cache.lock(m.node)
             handle.node = m.node
-            done.set()
 
-        g.on_finish = fin
-        self._submit(g)
-        self._run_until(done)
+        self._run_groups([g], then=pin)
         return handle
 
     def release_prefix(self, handle: PrefixHandle) -> None:
@@ -241,7 +216,8 @@ class Engine:
             return self.cache.flush()
 
     def metrics(self) -> dict[str, float]:
-        c = self.cache.metrics()
+        tables = [t for t in (r.page_table for r in list(self.scheduler.running)) if t is not None]
+        c = memory_metrics(self.cache, tables, self.scheduler.table_stats)
         used = self.allocator.num_used
         return {
             "prefix_cache_queried_tokens": c["prefix_queried_tokens"],
@@ -254,7 +230,8 @@ class Engine:
             "pages_evictable": self.cache.evictable_pages,
             "pages_protected": self.cache.protected_pages,
             "evictions": c["evicted_pages"],
-            "cow_copies": self.scheduler.table_stats.cow_copies,
+            "cow_copies": c["cow_copies"],
+            "kv_waste_pct": c["kv_waste_pct"],
             "preemptions": self.scheduler.preemptions,
             "tokens_run": self.runner.tokens_run,
             "forward_passes": self.runner.forward_passes,
@@ -314,6 +291,24 @@ class Engine:
         if not busy:
             self._wake.wait(timeout=0.05)
             self._wake.clear()
+
+    def _run_groups(self, groups: list[RequestGroup],
+                    then: Callable[[RequestGroup], None] | None = None) -> None:
+        """Submit ``groups`` and block until all finished (``then`` runs at each finish)."""
+        done = threading.Event()
+        left = [len(groups)]
+
+        def finished(g: RequestGroup) -> None:
+            if then is not None:
+                then(g)
+            left[0] -= 1
+            if left[0] == 0:
+                done.set()
+
+        for g in groups:
+            g.on_finish = finished
+            self._submit(g)
+        self._run_until(done)
 
     def _run_until(self, done: threading.Event) -> None:
         if self._loop_thread is not None:

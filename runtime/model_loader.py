@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,14 +69,19 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    os.replace(tmp, out_dir)  # atomic: a half-written cache is never visible
+    try:
+        os.replace(tmp, out_dir)  # atomic: a half-written cache is never visible
+    except OSError:
+        if not (out_dir / "config.json").exists():
+            raise
+        shutil.rmtree(tmp)        # another process finished the same conversion first
 
 
 def resolve_model(model: str | os.PathLike = DEFAULT_MODEL) -> ResolvedModel:
     """Return the local directory of ``model``; converts the embedded GGUF on first use."""
     if str(model) == DEFAULT_MODEL:
         gguf = find_default_gguf()
-        out = cache_root() / f"{DEFAULT_NAME}-{gguf.stem}"
+        out = cache_root() / gguf.stem          # e.g. SmolLM2-135M-Instruct.Q4_1
         if not (out / "config.json").exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             convert_gguf(gguf, out)
