@@ -77,6 +77,8 @@ def main() -> None:
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPES))
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="16 requests, shorter prompts")
+    ap.add_argument("--workloads", nargs="+", default=["shared_prefix_chat", "independent"],
+                    choices=["shared_prefix_chat", "independent"])
     ap.add_argument("--out", default="bench/results/throughput.json")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -88,6 +90,7 @@ def main() -> None:
         "shared_prefix_chat": shared_prefix_chat(tok, n, 512 if args.quick else 1024),
         "independent": independent(tok, n),
     }
+    workloads = {k: v for k, v in workloads.items() if k in args.workloads}
     results = {"machine": "2-core x86_64 CPU, 24 GiB", "model": "SmolLM2-135M-Instruct",
                "torch_threads": torch.get_num_threads(), "runs": []}
     for dtype in args.dtype:

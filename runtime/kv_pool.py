@@ -153,12 +153,13 @@ class KVPool:
     def gather(self, layer: int, which: int, page_ids: torch.Tensor) -> torch.Tensor:
         """K (``which=0``) or V (``which=1``) of pages ``page_ids`` (integer tensor, any shape
         ``[...]``) as ``[..., page_size, Hkv, D]`` in the compute dtype, dequantized."""
-        idx = page_ids.long()
-        raw = self._raw[layer, which][idx]                                  # [..., S, H, D]
+        idx = page_ids.reshape(-1).long()
+        shape = (*page_ids.shape, *self._raw.shape[3:])                     # [..., S, H, D]
+        raw = self._raw[layer, which].index_select(0, idx).view(shape)
         if self.scales is None:
             return raw                                # auto: stored in the compute dtype
-        return dequantize(raw.view(self.layout.storage_dtype), self.scales[layer, which][idx],
-                          self.layout.dtype)
+        scale = self.scales[layer, which].index_select(0, idx).view(shape[:-1])
+        return dequantize(raw.view(self.layout.storage_dtype), scale, self.layout.dtype)
 
     def copy_pages(self, src: list[int], dst: list[int]) -> None:
         """Copy pages ``src[i] -> dst[i]`` in every layer, K and V and their scales

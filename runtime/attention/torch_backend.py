@@ -30,21 +30,30 @@ def gather_context(pool: KVPool, layer: int, which: int, pages: torch.Tensor,
     return pool.gather(layer, which, pages[:n]).flatten(0, 1)[:length]
 
 
-def grouped_attention(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       valid: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention with query rows grouped per KV head.
+    """Softmax attention of R query rows per KV head over one K/V sequence per batch entry.
 
-    qg: [B, Hkv, R, D] (R query rows per KV head); k, v: [B, L, Hkv, D];
+    q: [B, Hkv, R, D]; k, v: [B, L, Hkv, D] as gathered from the pool (no re-layout copy);
     valid: [B, L] bool or None. Returns out [B, Hkv, R, D] and log-sum-exp [B, Hkv, R].
+    Each batch entry is one matmul against all heads at once (Hkv× the few FLOPs of a decode,
+    none of the copies a per-head layout would need); the head diagonal is kept.
     """
-    s = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale        # [B, Hkv, R, L]
+    B, H, R, D = q.shape
+    L = k.shape[1]
+    s = torch.bmm(q.reshape(B, H * R, D), k.reshape(B, L * H, D).transpose(1, 2))
+    s = s.view(B, H, R, L, H).diagonal(dim1=1, dim2=4)          # [B, R, L, H]
+    s = s * scale
     if valid is not None:
-        s.masked_fill_(~valid[:, None, None, :], float("-inf"))
-    m = s.amax(dim=-1, keepdim=True)
+        s.masked_fill_(~valid[:, None, :, None], float("-inf"))
+    m = s.amax(dim=2, keepdim=True)                              # [B, R, 1, H]
     p = torch.exp(s - m)
-    denom = p.sum(dim=-1, keepdim=True)
-    out = torch.matmul(p, v.permute(0, 2, 1, 3)) / denom       # [B, Hkv, R, D]
-    return out, (m + denom.log()).squeeze(-1)
+    denom = p.sum(dim=2, keepdim=True)
+    pv = torch.bmm(p.permute(0, 3, 1, 2).reshape(B, H * R, L), v.reshape(B, L, H * D))
+    out = pv.view(B, H, R, H, D).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [B, H, R, D]
+    denom = denom.squeeze(2).permute(0, 2, 1)                    # [B, H, R]
+    lse = m.squeeze(2).permute(0, 2, 1) + denom.log()
+    return out / denom[..., None], lse
 
 
 def shared_prefix_groups(table: torch.Tensor, seq_lens: list[int], page_size: int
@@ -75,6 +84,23 @@ def shared_prefix_groups(table: torch.Tensor, seq_lens: list[int], page_size: in
     return shared, groups
 
 
+def length_buckets(lengths: list[int], max_waste: float = 0.25) -> list[list[int]]:
+    """Indices grouped by similar length (sorted), closing a bucket when padding the next
+    sequence to the bucket's longest would waste more than ``max_waste`` of the bucket."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets:
+            b = buckets[-1]
+            longest = lengths[b[0]]
+            used = sum(lengths[j] for j in b) + lengths[i]
+            if used >= (1 - max_waste) * longest * (len(b) + 1):
+                b.append(i)
+                continue
+        buckets.append([i])
+    return buckets
+
+
 class TorchAttentionBackend:
     name = "torch"
 
@@ -84,11 +110,21 @@ class TorchAttentionBackend:
 
     def attend(self, q, pool: KVPool, layer: int, batch: ForwardBatch, scale: float):
         # q: [T, Hq, D] -> [T, Hq, D]
+        seq_lens = batch.seq_lens_list
         if batch.is_decode:
-            return self._decode(q, pool, layer, batch, scale)
+            return self._decode(q, pool, layer, batch.page_table, seq_lens, scale)
         out = torch.empty_like(q)
         starts = batch.q_start_loc.tolist()
-        for b, (seq_len, p0) in enumerate(zip(batch.seq_lens_list, batch.prefix_lens_list)):
+        ext = batch.extend_lens_list
+        singles = [b for b in range(batch.batch_size) if ext[b] == 1]
+        if len(singles) > 1:   # the decodes of a mixed step still run as one batch
+            rows = [starts[b] for b in singles]
+            out[rows] = self._decode(q[rows], pool, layer, batch.page_table[singles],
+                                     [seq_lens[b] for b in singles], scale)
+        else:
+            singles = []
+        for b in sorted(set(range(batch.batch_size)) - set(singles)):
+            seq_len, p0 = seq_lens[b], batch.prefix_lens_list[b]
             s, e = starts[b], starts[b + 1]
             k = gather_context(pool, layer, 0, batch.page_table[b], seq_len).to(q.dtype)
             v = gather_context(pool, layer, 1, batch.page_table[b], seq_len).to(q.dtype)
@@ -105,35 +141,41 @@ class TorchAttentionBackend:
         return out
 
     @staticmethod
-    def _decode(q, pool: KVPool, layer: int, batch: ForwardBatch, scale: float):
+    def _decode(q, pool: KVPool, layer: int, page_table: torch.Tensor, seq_lens: list[int],
+                scale: float):
+        """One new token per sequence. q: [B, Hq, D]; page_table: [B, max_pages].
+
+        Sequences are processed in buckets of similar length (padding stays small); each
+        sequence attends to its own pages, and a group sharing leading pages attends to the
+        shared part once, merged by log-sum-exp."""
         B, Hq, D = q.shape
         S = pool.page_size
         Hkv = pool.layout.num_kv_heads
         G = Hq // Hkv
-        seq_lens = batch.seq_lens_list
-        shared, groups = shared_prefix_groups(batch.page_table, seq_lens, S)
-        # Each sequence's own part: pages [shared_b, ceil(len_b / S)).
-        starts = torch.tensor(shared, dtype=torch.long)
-        own_lens = [n - s * S for n, s in zip(seq_lens, shared)]
-        L = max(own_lens)
-        n_pages = (L + S - 1) // S
-        cols = (starts[:, None] + torch.arange(n_pages)[None, :]).clamp_(
-            max=batch.page_table.shape[1] - 1)                       # [B, n_pages]
-        table = batch.page_table.long().gather(1, cols)
-        k = pool.gather(layer, 0, table).flatten(1, 2)[:, :L].to(q.dtype)  # [B, L, Hkv, D]
-        v = pool.gather(layer, 1, table).flatten(1, 2)[:, :L].to(q.dtype)
-        valid = torch.arange(L)[None, :] < torch.tensor(own_lens)[:, None]  # [B, L]
         qg = q.view(B, Hkv, G, D)
-        out, lse = grouped_attention(qg, k, v, valid, scale)          # [B, Hkv, G, D], [B, Hkv, G]
+        shared, groups = shared_prefix_groups(page_table, seq_lens, S)
+        own_lens = [n - s * S for n, s in zip(seq_lens, shared)]
+        out = torch.empty(B, Hkv, G, D, dtype=q.dtype)
+        lse = torch.empty(B, Hkv, G, dtype=q.dtype)
+        table = page_table.long()
+        for rows in length_buckets(own_lens):
+            L = max(own_lens[b] for b in rows)
+            n = (L + S - 1) // S
+            cols = (torch.tensor([shared[b] for b in rows])[:, None] + torch.arange(n)[None, :])
+            t = table[rows].gather(1, cols.clamp_(max=table.shape[1] - 1))      # [b, n]
+            k = pool.gather(layer, 0, t).flatten(1, 2)[:, :L].to(q.dtype)        # [b, L, Hkv, D]
+            v = pool.gather(layer, 1, t).flatten(1, 2)[:, :L].to(q.dtype)
+            valid = torch.arange(L)[None, :] < torch.tensor([own_lens[b] for b in rows])[:, None]
+            out[rows], lse[rows] = grouped_attention(qg[rows], k, v, valid, scale)
         for rows, n in groups:
-            pages = batch.page_table[rows[0], :n].long()
-            kp = pool.gather(layer, 0, pages).flatten(0, 1).to(q.dtype)[None]   # [1, n*S, Hkv, D]
+            pages = table[rows[0], :n]
+            kp = pool.gather(layer, 0, pages).flatten(0, 1).to(q.dtype)[None]  # [1, n*S, Hkv, D]
             vp = pool.gather(layer, 1, pages).flatten(0, 1).to(q.dtype)[None]
             M = len(rows)
-            qp = qg[rows].permute(1, 0, 2, 3).reshape(1, Hkv, M * G, D)
+            qp = qg[rows].transpose(0, 1).reshape(1, Hkv, M * G, D)
             op, lp = grouped_attention(qp, kp, vp, None, scale)       # [1, Hkv, M*G, D]
-            op = op.view(Hkv, M, G, D).permute(1, 0, 2, 3)            # [M, Hkv, G, D]
-            lp = lp.view(Hkv, M, G).permute(1, 0, 2)                  # [M, Hkv, G]
+            op = op.view(Hkv, M, G, D).transpose(0, 1)                 # [M, Hkv, G, D]
+            lp = lp.view(Hkv, M, G).transpose(0, 1)                    # [M, Hkv, G]
             ls = lse[rows]
             mx = torch.maximum(lp, ls)
             wp, ws = torch.exp(lp - mx), torch.exp(ls - mx)
