@@ -7,6 +7,8 @@ of its tokens given the prompt (and, when it asks for them, given an empty promp
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import math
 from dataclasses import dataclass
 
@@ -27,15 +29,16 @@ def _argmax_first(values: list[float]) -> int:
     return max(range(len(values)), key=values.__getitem__)
 
 
-class ChoicesMethod:
+class ChoicesMethod(ABC):
     """Base class. ``requires_unconditional`` asks the executor for empty-prompt logprobs."""
 
     name = "base"
     requires_unconditional = False
 
+    @abstractmethod
     def __call__(self, choices: list[str], logprobs: list[list[float]],
                  unconditional: list[list[float]] | None = None) -> ChoiceDecision:
-        raise NotImplementedError
+        """Pick one of ``choices`` from their per-token logprobs."""
 
     def __repr__(self) -> str:
         return self.name

@@ -28,6 +28,7 @@ from kernels._common import (
     page_table_checks,
     use_fp32_dot,
 )
+from kernels._online_softmax import online_softmax_step
 from kernels._quant import check_scale, dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
@@ -98,23 +99,10 @@ def _decode_stage1(
             qk = tl.dot(q.to(Q.dtype.element_ty), kt.to(Q.dtype.element_ty))
         qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))          # [BLOCK_H, BLOCK_N]
 
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            V + v_off[:, None] + offs_d[None, :],
-            mask=mask_n[:, None] & mask_d[None, :], other=0.0,
-        ).to(tl.float32)                                                      # [BLOCK_N, BLOCK_D]
-        if QUANT:
-            slot_s = page * stride_vsp + (n % PAGE_SIZE) * stride_vss + kvh * stride_vvh_s
-            v = v * tl.load(VScale + slot_s, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-        if DOT_F32:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(Q.dtype.element_ty), v.to(Q.dtype.element_ty))
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(
+            qk, m_i, l_i, acc, Q, V, VScale, v_off, page, n, kvh, offs_d, mask_n, mask_d,
+            stride_vsp, stride_vss, stride_vvh_s, PAGE_SIZE, QUANT, DOT_F32,
+        )
 
     # An empty split (short sequence) leaves l_i == 0: it writes o = 0 and lse = -inf.
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
