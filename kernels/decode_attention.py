@@ -28,7 +28,7 @@ from kernels._common import (
     page_table_checks,
     use_fp32_dot,
 )
-from kernels._online_softmax import online_softmax_step
+from kernels._paged_block import online_softmax_step, paged_qk_block
 from kernels._quant import check_scale, dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
@@ -82,21 +82,11 @@ def _decode_stage1(
     for n0 in range(start, end, BLOCK_N):
         n = n0 + offs_n                                                       # [BLOCK_N]
         mask_n = n < end
-        page = tl.load(PageTable + b * stride_pt + n // PAGE_SIZE, mask=mask_n, other=0)
-        page = page.to(tl.int64)
-        k_off = page * stride_kp + (n % PAGE_SIZE) * stride_ks + kvh * stride_kh
-        v_off = page * stride_vp + (n % PAGE_SIZE) * stride_vs + kvh * stride_vh
-        kt = tl.load(
-            K + k_off[None, :] + offs_d[:, None],
-            mask=mask_n[None, :] & mask_d[:, None], other=0.0,
-        ).to(tl.float32)                                                      # [BLOCK_D, BLOCK_N]
-        if QUANT:
-            slot_s = page * stride_ksp + (n % PAGE_SIZE) * stride_kss + kvh * stride_kvh_s
-            kt = kt * tl.load(KScale + slot_s, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        if DOT_F32:
-            qk = tl.dot(q, kt, input_precision="ieee")
-        else:
-            qk = tl.dot(q.to(Q.dtype.element_ty), kt.to(Q.dtype.element_ty))
+        qk, page, v_off = paged_qk_block(
+            q, Q, K, KScale, PageTable, b * stride_pt, n, mask_n, kvh, offs_d, mask_d,
+            stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
+            stride_vp, stride_vs, stride_vh, PAGE_SIZE, QUANT, DOT_F32,
+        )
         qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))          # [BLOCK_H, BLOCK_N]
 
         m_i, l_i, acc = online_softmax_step(

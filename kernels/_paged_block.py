@@ -1,0 +1,60 @@
+"""The inner steps both paged attention kernels (decode and extend) share, for one block of
+keys: read the block's K through the page table and score it (``paged_qk_block``), then fold the
+block into a running flash-attention softmax with its V (``online_softmax_step``). 8-bit caches
+are dequantized right after each load."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def paged_qk_block(
+    q, Q, K, KScale, PageTable, pt_row, n, mask_n, kvh, offs_d, mask_d,
+    stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
+    stride_vp, stride_vs, stride_vh,
+    PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """Scores of query rows ``q [R, BLOCK_D]`` against keys at positions ``n [BLOCK_N]`` of the
+    sequence whose page-table row starts at ``PageTable + pt_row``.
+    Returns ``(qk [R, BLOCK_N] unscaled and unmasked, page ids [BLOCK_N], V offsets [BLOCK_N])``."""
+    page = tl.load(PageTable + pt_row + n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+    k_off = page * stride_kp + (n % PAGE_SIZE) * stride_ks + kvh * stride_kh
+    v_off = page * stride_vp + (n % PAGE_SIZE) * stride_vs + kvh * stride_vh
+    kt = tl.load(
+        K + k_off[None, :] + offs_d[:, None],
+        mask=mask_n[None, :] & mask_d[:, None], other=0.0,
+    ).to(tl.float32)                                                      # [BLOCK_D, BLOCK_N]
+    if QUANT:
+        slot_s = page * stride_ksp + (n % PAGE_SIZE) * stride_kss + kvh * stride_kvh_s
+        kt = kt * tl.load(KScale + slot_s, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if DOT_F32:
+        qk = tl.dot(q, kt, input_precision="ieee")
+    else:
+        qk = tl.dot(q.to(Q.dtype.element_ty), kt.to(Q.dtype.element_ty))
+    return qk, page, v_off
+
+
+@triton.jit
+def online_softmax_step(
+    qk, m_i, l_i, acc,             # qk [R, BLOCK_N] (log2-scaled, -inf where masked); m_i, l_i [R]
+    Q, V, VScale, v_off, page, n, kvh, offs_d, mask_n, mask_d,
+    stride_vsp, stride_vss, stride_vvh_s,
+    PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """Returns the updated ``(m_i, l_i, acc)``; acc: [R, BLOCK_D] fp32."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(
+        V + v_off[:, None] + offs_d[None, :],
+        mask=mask_n[:, None] & mask_d[None, :], other=0.0,
+    ).to(tl.float32)                                                      # [BLOCK_N, BLOCK_D]
+    if QUANT:
+        slot_s = page * stride_vsp + (n % PAGE_SIZE) * stride_vss + kvh * stride_vvh_s
+        v = v * tl.load(VScale + slot_s, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+    if DOT_F32:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(Q.dtype.element_ty), v.to(Q.dtype.element_ty))
+    return m_new, l_i, acc * alpha[:, None] + pv
