@@ -4,39 +4,20 @@ constraint kind, the 20-schema set on both backends, schema-support refusals."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
 
+import data.schemas as S
 from runtime.grammar import BACKENDS, constraint_from_params, make_grammar_backend
 from runtime.grammar.base import bitmask_allows, bitmask_width, ids_to_bitmask_row
 
 VOCAB_SIZE = 49152
 
 
-def load_schemas():
-    spec = importlib.util.spec_from_file_location(
-        "grammar_schemas", Path(__file__).parent / "data" / "schemas.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-S = load_schemas()
-CALC = """
-?start: sum
-?sum: product | sum "+" product | sum "-" product
-?product: atom | product "*" atom | product "/" atom
-?atom: NUMBER | "-" atom | "(" sum ")"
-%import common.NUMBER
-%import common.WS_INLINE
-%ignore WS_INLINE
-"""
+CALC = S.CALC
 IPV4 = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
 ISO_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"

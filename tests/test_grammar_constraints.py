@@ -7,6 +7,7 @@ import json
 import pydantic
 import pytest
 
+from data.schemas import CALC
 from runtime.grammar.constraints import (
     REGEX_BOOL,
     REGEX_FLOAT,
@@ -16,15 +17,6 @@ from runtime.grammar.constraints import (
     constraint_from_params,
 )
 
-CALC = """
-?start: sum
-?sum: product | sum "+" product | sum "-" product
-?product: atom | product "*" atom | product "/" atom
-?atom: NUMBER | "-" atom | "(" sum ")"
-%import common.NUMBER
-%import common.WS_INLINE
-%ignore WS_INLINE
-"""
 
 
 class Point(pydantic.BaseModel):

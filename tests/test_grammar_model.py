@@ -6,10 +6,8 @@ engine-level 3-prompt validation belongs in bench/structured.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-from pathlib import Path
 
 import jsonschema
 import lark
@@ -17,6 +15,7 @@ import pydantic
 import pytest
 import torch
 
+import data.schemas as S
 from runtime.grammar import apply_grammar_masks, constraint_from_params, make_grammar_backend
 from runtime.grammar.jump_forward import draft_tokens, verify_draft
 
@@ -24,28 +23,10 @@ pytestmark = pytest.mark.slow
 VOCAB_SIZE = 49152
 
 
-def load_schemas():
-    spec = importlib.util.spec_from_file_location(
-        "grammar_schemas", Path(__file__).parent / "data" / "schemas.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-S = load_schemas()
+CALC = S.CALC
 SCHEMA_BY_NAME = {name: schema for name, schema, _ in S.SCHEMAS}
 
 
-CALC = """
-?start: sum
-?sum: product | sum "+" product | sum "-" product
-?product: atom | product "*" atom | product "/" atom
-?atom: NUMBER | "-" atom | "(" sum ")"
-%import common.NUMBER
-%import common.WS_INLINE
-%ignore WS_INLINE
-"""
 
 
 class City(pydantic.BaseModel):

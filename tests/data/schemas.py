@@ -166,3 +166,14 @@ KEY_HEAVY = {
     "required": ["first_name", "last_name", "age", "is_student", "home_city", "home_country",
                  "favourite_colour", "number_of_pets"],
 }
+
+# A Lark arithmetic grammar (precedence, unary minus, parentheses, inline whitespace).
+CALC = """
+?start: sum
+?sum: product | sum "+" product | sum "-" product
+?product: atom | product "*" atom | product "/" atom
+?atom: NUMBER | "-" atom | "(" sum ")"
+%import common.NUMBER
+%import common.WS_INLINE
+%ignore WS_INLINE
+"""
