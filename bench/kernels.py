@@ -1,9 +1,13 @@
 """Benchmark of the paged-attention kernels on a CUDA GPU.
 
-1. Checks every kernel against its float64 reference at real sizes (bf16 and fp32).
+1. Checks every kernel against its float64 reference at real sizes (bf16, fp16 and fp32; the
+   8-bit caches int8 / fp8 too).
 2. Measures the device's copy bandwidth (a large device-to-device copy: read + write bytes),
    the ceiling for the memory-bound kernels.
-3. Times (``triton.testing.do_bench``, median):
+3. Sweeps launch configurations (tile sizes, warps, pipeline stages) of decode and extend on a
+   few target-sized cells, checks each against the reference, and keeps the fastest per head
+   configuration for the tables (the defaults of the wrappers are among the candidates).
+4. Times (``triton.testing.do_bench``, median):
    - decode attention, batch 1-256 x context 512-32k, for SmolLM2-like heads (9 q / 3 kv,
      head_dim 64) and Llama-8B-like heads (32 / 8, head_dim 128), bf16, page_size 16, shuffled
      pages; achieved GB/s counts the bytes it must read (K/V of every context token, Q, the
@@ -12,7 +16,9 @@
      data laid out contiguously (K/V expanded to the query heads beforehand);
    - KV store and page copy GB/s.
 Prints tables and writes JSON to ``$OUT/kernels.json`` (when ``OUT`` is set) or
-``bench/results/kernels.json``. Exits with code 1 if a check fails, 2 without CUDA.
+``bench/results/kernels.json``, rewritten after every section, so a section that fails (its
+traceback is printed and recorded under ``errors``) loses nothing measured before it.
+Exits with code 1 if a check or a section fails, 2 without CUDA.
 
     python bench/kernels.py            # on a GPU, < 5 minutes
     python bench/kernels.py --smoke    # CPU, Triton interpreter, tiny sizes: exercises the
@@ -27,13 +33,21 @@ import os
 import platform
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+# this script's own folder is sys.path[0] and holds a kernels.py (this file): import the kernels
+# package and bench's helper modules from the repository root instead
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path.insert(0, str(HERE.parent))
+
+from bench.kernel_util import PAGE, bench_ms, extend_inputs, rel_err  # noqa: E402
+
 HEADS = {"smollm2 (9q/3kv, d64)": (9, 3, 64), "llama8b (32q/8kv, d128)": (32, 8, 128)}
-PAGE = 16
 
 
 @dataclass(frozen=True)
@@ -48,100 +62,18 @@ class Sizes:
     copy_layers: int
     copy_pages: tuple[int, ...]
     copy_bytes: int
+    sweep_decode: tuple[tuple[int, int], ...]        # (batch, context) cells of the sweep
+    sweep_extend: tuple[tuple[int, int, int], ...]   # (batch, prefix, new) cells of the sweep
+    sweep_limit: int | None                          # candidates per kind (None: all)
 
 
 GPU = Sizes("cuda", (1, 8, 32, 64, 128, 256), (512, 2048, 4096, 8192, 16384, 32768),
             1 << 22,  # 16 GB of K/V per layer for Llama-8B heads
             4096, ((1, 0, 4096), (4, 0, 2048), (16, 0, 512), (4, 2048, 512)),
-            (256, 4096, 32768), 32, (1, 16, 256), 1 << 31)
+            (256, 4096, 32768), 32, (1, 16, 256), 1 << 31,
+            ((32, 4096), (64, 8192), (128, 16384)), ((1, 0, 4096), (4, 2048, 512)), None)
 SMOKE = Sizes("cpu", (1, 2), (32, 80), 160, 40, ((2, 0, 16), (1, 16, 8)), (8,), 2, (1, 2),
-              1 << 20)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
-def bench_ms(fn, device: str) -> float:
-    """Median time of ``fn`` in ms (``do_bench`` on a GPU, one wall-clock run on CPU)."""
-    if device == "cpu":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=10, rep=60, return_mode="median"))
-
-
-def paged_context(lens, hkv, d, dtype, dev, page=PAGE, gen=None):
-    """K/V caches holding sequences of ``lens`` tokens in shuffled pages, plus their table."""
-    n_pages = [-(-n // page) for n in lens]
-    P = sum(n_pages) + 1
-    perm = torch.randperm(P, device=dev, generator=gen).int()
-    table = torch.zeros(len(lens), max(n_pages), dtype=torch.int32, device=dev)
-    i = 0
-    for b, k in enumerate(n_pages):
-        table[b, :k] = perm[i: i + k]
-        i += k
-    kc = torch.randn(P, page, hkv, d, device=dev, generator=gen).to(dtype)
-    vc = torch.randn(P, page, hkv, d, device=dev, generator=gen).to(dtype)
-    return kc, vc, table, torch.tensor(lens, dtype=torch.int32, device=dev)
-
-
-def run_checks(kernels, z: Sizes) -> list[dict]:
-    dev = z.device
-    gen = torch.Generator(device=dev).manual_seed(0)
-    checks = []
-
-    def record(name, err, tol):
-        ok = err <= tol
-        checks.append({"check": name, "rel_err": err, "tol": tol, "ok": ok})
-        print(f"  {'ok  ' if ok else 'FAIL'} {name:48s} rel_err {err:.2e} (tol {tol:.0e})")
-
-    print("checks against the float64 references")
-    for (hq, hkv, d), page in (((32, 8, 128), 16), ((9, 3, 64), 1), ((9, 3, 64), 32)):
-        lens = torch.randint(1, z.check_len + 1, (16,), generator=gen, device=dev).tolist()
-        lens[0] = 1
-        for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float32, 1e-5)):
-            kc, vc, table, sl = paged_context(lens, hkv, d, dtype, dev, page, gen)
-            q = torch.randn(16, hq, d, device=dev, generator=gen).to(dtype)
-            args = (q, kc, vc, table, sl, d**-0.5)
-            out = torch.full(q.shape, float("nan"), dtype=dtype, device=dev)
-            kernels.decode_attention(*args, out=out)
-            record(f"decode {hq}/{hkv} d{d} page{page} {dtype}",
-                   rel_err(out, kernels.decode_attention_ref(*args)), tol)
-
-    for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float32, 1e-5)):
-        prefix = [0, z.check_len // 4, 37, z.check_len // 2]
-        ext = [z.check_len // 6, 1, z.check_len // 8 + 1, z.check_len // 16]
-        kc, vc, table, sl = paged_context([p + e for p, e in zip(prefix, ext)], 8, 128, dtype,
-                                          dev, gen=gen)
-        starts = torch.tensor([0, *torch.tensor(ext).cumsum(0).tolist()], dtype=torch.int32,
-                              device=dev)
-        q = torch.randn(sum(ext), 32, 128, device=dev, generator=gen).to(dtype)
-        args = (q, kc, vc, table, starts, torch.tensor(prefix, dtype=torch.int32, device=dev),
-                sl, 128**-0.5)
-        out = torch.full(q.shape, float("nan"), dtype=dtype, device=dev)
-        kernels.extend_attention(*args, out=out)
-        record(f"extend 32/8 d128 page16 {dtype}",
-               rel_err(out, kernels.extend_attention_ref(*args)), tol)
-
-    kc = torch.randn(32, 16, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
-    vc = torch.randn(32, 16, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
-    k = torch.randn(256, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
-    v = torch.randn(256, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
-    slots = torch.randperm(32 * 16, device=dev, generator=gen)[:256]
-    want = kernels.store_kv_ref(k, v, kc, vc, slots)
-    kernels.store_kv(k, v, kc, vc, slots)
-    same = torch.equal(kc, want[0]) and torch.equal(vc, want[1])
-    record("kv store bf16 (1 = not bitwise equal)", float(not same), 0)
-
-    buf = torch.randn(4, 2, 64, 16, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
-    src, dst = torch.arange(0, 20, device=dev), torch.arange(40, 60, device=dev)
-    want = kernels.copy_pages_ref(buf, src, dst)
-    kernels.copy_pages(buf, src, dst)
-    record("page copy bf16 (1 = not bitwise equal)", float(not torch.equal(buf, want)), 0)
-    return checks
+              1 << 20, ((2, 64),), ((1, 0, 32),), 2)
 
 
 def copy_bandwidth(z: Sizes) -> float:
@@ -151,14 +83,16 @@ def copy_bandwidth(z: Sizes) -> float:
     return 2 * src.numel() / ms / 1e6  # GB/s, read + write
 
 
-def bench_decode(kernels, z: Sizes, ceiling: float, sms: int) -> list[dict]:
+def bench_decode(kernels, z: Sizes, ceiling: float, sms: int, configs: dict) -> list[dict]:
     dev, rows = z.device, []
     for name, (hq, hkv, d) in HEADS.items():
+        cfg = configs.get(name) or kernels.default_decode_config(d)
         pages = z.max_decode_tokens // PAGE
         kc = torch.randn(pages, PAGE, hkv, d, device=dev, dtype=torch.bfloat16)
         vc = torch.randn(pages, PAGE, hkv, d, device=dev, dtype=torch.bfloat16)
         elt = kc.element_size()
-        print(f"\ndecode attention, {name}, bf16, page {PAGE}  (GB/s; % of copy bandwidth)")
+        print(f"\ndecode attention, {name}, bf16, page {PAGE}, launch {cfg.label()}  "
+              "(GB/s; % of copy bandwidth)", flush=True)
         print(f"  {'batch':>5s} " + " ".join(f"{c:>15d}" for c in z.contexts))
         for B in z.batches:
             cells = []
@@ -172,39 +106,38 @@ def bench_decode(kernels, z: Sizes, ceiling: float, sms: int) -> list[dict]:
                 q = torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16)
                 out = torch.empty_like(q)
                 ms = bench_ms(lambda: kernels.decode_attention(
-                    q, kc, vc, table, sl, d**-0.5, out=out, max_seq_len=ctx, check_indices=False),
-                    dev)
+                    q, kc, vc, table, sl, d**-0.5, out=out, max_seq_len=ctx, check_indices=False,
+                    config=cfg), dev)
                 nbytes = 2 * B * ctx * hkv * d * elt + 2 * B * hq * d * elt + B * n * 4
                 gbs = nbytes / ms / 1e6
                 rows.append({"heads": name, "batch": B, "context": ctx, "ms": ms, "bytes": nbytes,
                              "GBps": gbs, "pct_of_copy": 100 * gbs / ceiling,
-                             "num_splits": kernels.choose_num_splits(ctx, B, hkv, sms)})
+                             "num_splits": kernels.choose_num_splits(ctx, B, hkv, sms),
+                             "config": cfg._asdict()})
                 cells.append(f"{gbs:8.0f} ({100 * gbs / ceiling:3.0f}%)")
-            print(f"  {B:5d} " + " ".join(cells))
+            print(f"  {B:5d} " + " ".join(cells), flush=True)
         del kc, vc
         if dev == "cuda":
             torch.cuda.empty_cache()
     return rows
 
 
-def bench_extend(kernels, z: Sizes) -> list[dict]:
+def bench_extend(kernels, z: Sizes, configs: dict) -> list[dict]:
     import torch.nn.functional as F
 
     dev, rows = z.device, []
     print("\nextend attention vs SDPA on contiguous data, bf16, page 16")
     print(f"  {'heads':24s} {'batch':>5s} {'prefix':>6s} {'new':>5s} {'triton ms':>9s} "
-          f"{'sdpa ms':>8s} {'ratio':>6s} {'TFLOP/s':>7s} {'rel_err':>8s}")
+          f"{'sdpa ms':>8s} {'ratio':>6s} {'TFLOP/s':>7s} {'rel_err':>8s}  launch")
     for name, (hq, hkv, d) in HEADS.items():
+        cfg = configs.get(name) or kernels.default_extend_config(d)
         for B, prefix, new in z.extend_cases:
             ctx = prefix + new
-            kc, vc, table, sl = paged_context([ctx] * B, hkv, d, torch.bfloat16, dev)
-            q = torch.randn(B * new, hq, d, device=dev, dtype=torch.bfloat16)
-            starts = torch.arange(0, B * new + 1, new, dtype=torch.int32, device=dev)
-            pl = torch.full((B,), prefix, dtype=torch.int32, device=dev)
+            args, _ = extend_inputs([prefix] * B, [new] * B, hq, hkv, d, torch.bfloat16, dev)
+            q, kc, vc, table = args[:4]
             out = torch.empty_like(q)
             t_ms = bench_ms(lambda: kernels.extend_attention(
-                q, kc, vc, table, starts, pl, sl, d**-0.5, out=out, max_extend_len=new,
-                check_indices=False), dev)
+                *args, out=out, max_extend_len=new, check_indices=False, config=cfg), dev)
             # the same data, contiguous: [B, Hq, L, D], K/V expanded to the query heads
             pages = table[:, : -(-ctx // PAGE)].long()
             k = kc[pages].flatten(1, 2)[:, :ctx].transpose(1, 2).repeat_interleave(hq // hkv, 1)
@@ -223,10 +156,10 @@ def bench_extend(kernels, z: Sizes) -> list[dict]:
             tflops = 4 * pairs * hq * d / t_ms / 1e9
             rows.append({"heads": name, "batch": B, "prefix": prefix, "new": new,
                          "triton_ms": t_ms, "sdpa_ms": s_ms, "ratio": t_ms / s_ms,
-                         "TFLOPs": tflops, "rel_err_vs_sdpa": err})
+                         "TFLOPs": tflops, "rel_err_vs_sdpa": err, "config": cfg._asdict()})
             print(f"  {name:24s} {B:5d} {prefix:6d} {new:5d} {t_ms:9.3f} {s_ms:8.3f} "
-                  f"{t_ms / s_ms:6.2f} {tflops:7.1f} {err:8.1e}")
-            del kc, vc, k, v
+                  f"{t_ms / s_ms:6.2f} {tflops:7.1f} {err:8.1e}  {cfg.label()}", flush=True)
+            del kc, vc, k, v, args, q
     return rows
 
 
@@ -266,8 +199,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true",
                     help="run the script on CPU under the Triton interpreter with tiny sizes")
-    smoke = ap.parse_args().smoke
-    if smoke:
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="time the wrappers' default launch configurations only")
+    opts = ap.parse_args()
+    if opts.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before kernels (and its @triton.jit) is imported
     elif not torch.cuda.is_available():
         print("bench/kernels.py needs a CUDA GPU and torch sees none; nothing was measured. "
@@ -280,45 +215,75 @@ def main() -> int:
         return 2
     import triton
 
-    # this script's own folder is sys.path[0] and holds a kernels.py (this file): import the
-    # kernels package from the repository root instead
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    sys.path.insert(0, str(here.parent))
-    import kernels
+    import kernels  # only now: TRITON_INTERPRET is read when its kernels are defined
+    from bench.kernel_checks import CheckLog, run_checks
+    from bench.kernel_sweep import sweep
 
-    z = SMOKE if smoke else GPU
+    z = SMOKE if opts.smoke else GPU
     t0 = time.time()
     torch.manual_seed(0)
-    if smoke:
+    if opts.smoke:
         name, sms = "cpu (Triton interpreter, smoke run: timings are meaningless)", 1
     else:
         props = torch.cuda.get_device_properties(0)
         name, sms = props.name, props.multi_processor_count
     print(f"device: {name}, {sms} SMs, torch {torch.__version__}, triton {triton.__version__}")
-    checks = run_checks(kernels, z)
-    ceiling = copy_bandwidth(z)
-    print(f"\ndevice copy bandwidth ({z.copy_bytes >> 20} MiB D2D, read + write): "
-          f"{ceiling:.0f} GB/s")
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else HERE / "results"
     result = {
         "device": name, "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(), "copy_bandwidth_GBps": ceiling, "checks": checks,
-        "decode": bench_decode(kernels, z, ceiling, sms),
-        "extend": bench_extend(kernels, z),
-        "kv_ops": bench_kv_ops(kernels, z, ceiling),
+        "python": platform.python_version(), "checks": [], "errors": [],
     }
-    result["seconds"] = time.time() - t0
-    if not smoke:
-        out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).parent / "results"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "kernels.json").write_text(json.dumps(result, indent=1))
+    state = {"ceiling": float("nan"), "best": {"decode": {}, "extend": {}}}
+
+    def save() -> None:
+        result["seconds"] = time.time() - t0
+        if not opts.smoke:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "kernels.json").write_text(json.dumps(result, indent=1))
+
+    def checks() -> None:
+        result["checks"] = run_checks(kernels, z.check_len, z.device)
+
+    def ceiling() -> None:
+        state["ceiling"] = result["copy_bandwidth_GBps"] = copy_bandwidth(z)
+        print(f"\ndevice copy bandwidth ({z.copy_bytes >> 20} MiB D2D, read + write): "
+              f"{state['ceiling']:.0f} GB/s", flush=True)
+
+    def launch_sweep() -> None:
+        log = CheckLog()
+        best = sweep(kernels, HEADS, z.sweep_decode, z.sweep_extend, z.check_len, z.device, log,
+                     z.sweep_limit)
+        result["checks"] = result["checks"] + list(log)
+        result["sweep"] = best.pop("rows")
+        result["chosen"] = {k: {h: c._asdict() for h, c in v.items()} for k, v in best.items()}
+        state["best"] = best
+
+    sections = [("checks", checks), ("copy bandwidth", ceiling)]
+    if not opts.no_sweep:
+        sections.append(("launch sweep", launch_sweep))
+    sections += [
+        ("decode", lambda: result.__setitem__("decode", bench_decode(
+            kernels, z, state["ceiling"], sms, state["best"]["decode"]))),
+        ("extend", lambda: result.__setitem__("extend", bench_extend(
+            kernels, z, state["best"]["extend"]))),
+        ("kv ops", lambda: result.__setitem__("kv_ops", bench_kv_ops(
+            kernels, z, state["ceiling"]))),
+    ]
+    for title, section in sections:
+        try:
+            section()
+        except Exception as e:  # record it, keep what was measured, go on with the next section
+            traceback.print_exc()
+            result["errors"].append({"section": title, "error": f"{type(e).__name__}: {e}"[:2000]})
+            print(f"SECTION FAILED: {title}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        save()
+    if not opts.smoke:
         print(f"\nwrote {out_dir / 'kernels.json'}")
     print(f"done in {result['seconds']:.0f} s")
-    failed = [c["check"] for c in checks if not c["ok"]]
+    failed = [c["check"] for c in result["checks"] if not c["ok"]]
     if failed:
         print(f"FAILED checks: {failed}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if failed or result["errors"] else 0
 
 
 if __name__ == "__main__":

@@ -6,17 +6,30 @@ switched on (``TRITON_INTERPRET=1``) before this package is first imported. Impo
 everywhere triton is installed; a launch the setup cannot run raises a clear error.
 """
 
-from kernels.decode_attention import choose_num_splits, decode_attention, decode_attention_ref
-from kernels.extend_attention import extend_attention, extend_attention_ref
+from kernels._common import LaunchConfig
+from kernels.decode_attention import (
+    choose_num_splits,
+    decode_attention,
+    decode_attention_ref,
+    default_decode_config,
+)
+from kernels.extend_attention import (
+    default_extend_config,
+    extend_attention,
+    extend_attention_ref,
+)
 from kernels.kv_store import store_kv, store_kv_ref
 from kernels.page_copy import copy_pages, copy_pages_ref
 
 __all__ = [
+    "LaunchConfig",
     "choose_num_splits",
     "copy_pages",
     "copy_pages_ref",
     "decode_attention",
     "decode_attention_ref",
+    "default_decode_config",
+    "default_extend_config",
     "extend_attention",
     "extend_attention_ref",
     "store_kv",

@@ -12,6 +12,8 @@ before :mod:`kernels` is first imported.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
@@ -107,6 +109,37 @@ def use_fp32_dot(precision: str, kernel, *dtypes: torch.dtype) -> bool:
     if precision == "native":
         return False
     return is_interpreted(kernel)
+
+
+class LaunchConfig(NamedTuple):
+    """Tile sizes and launch shape of an attention kernel.
+
+    block_n: keys per inner-loop block; block_m: query rows per program (extend only; decode
+    programs hold one KV head's query group); num_warps, num_stages: Triton launch options.
+    """
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    block_m: int = 16  # decode: unused
+
+    def label(self) -> str:
+        return f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
+
+
+def check_launch_config(config: LaunchConfig) -> LaunchConfig:
+    """Tiles must be powers of two >= 16 (``tl.dot``'s minimum), warps 1-16, stages 1-8."""
+    if not isinstance(config, LaunchConfig):
+        raise ValueError(f"config must be a kernels.LaunchConfig, got {type(config).__name__}")
+    for name in ("block_n", "block_m"):
+        v = getattr(config, name)
+        if v < 16 or v > 256 or v & (v - 1):
+            raise ValueError(f"config.{name} must be a power of two in [16, 256], got {v}")
+    if config.num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"config.num_warps must be one of 1, 2, 4, 8, 16, got {config.num_warps}")
+    if not 1 <= config.num_stages <= 8:
+        raise ValueError(f"config.num_stages must be in [1, 8], got {config.num_stages}")
+    return config
 
 
 def range_error(name: str, lo: int, hi: int, lo_ok: int, hi_ok: int) -> str | None:

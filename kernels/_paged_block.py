@@ -1,7 +1,11 @@
 """The inner steps both paged attention kernels (decode and extend) share, for one block of
 keys: read the block's K through the page table and score it (``paged_qk_block``), then fold the
 block into a running flash-attention softmax with its V (``online_softmax_step``). 8-bit caches
-are dequantized right after each load."""
+are dequantized right after each load.
+
+K, V and the query rows stay in their storage dtype until the dot: with ``DOT_F32`` they are
+widened to fp32 right after the load (always so under the interpreter, whose bf16 arithmetic is
+not faithful), otherwise they enter the tensor-core dot in the query's dtype."""
 
 import triton
 import triton.language as tl
@@ -23,12 +27,13 @@ def paged_qk_block(
     kt = tl.load(
         K + k_off[None, :] + offs_d[:, None],
         mask=mask_n[None, :] & mask_d[:, None], other=0.0,
-    ).to(tl.float32)                                                      # [BLOCK_D, BLOCK_N]
+    )                                                                     # [BLOCK_D, BLOCK_N]
     if QUANT:
         slot_s = page * stride_ksp + (n % PAGE_SIZE) * stride_kss + kvh * stride_kvh_s
-        kt = kt * tl.load(KScale + slot_s, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        kt = kt.to(tl.float32) * tl.load(KScale + slot_s, mask=mask_n, other=0.0).to(
+            tl.float32)[None, :]
     if DOT_F32:
-        qk = tl.dot(q, kt, input_precision="ieee")
+        qk = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
     else:
         qk = tl.dot(q.to(Q.dtype.element_ty), kt.to(Q.dtype.element_ty))
     return qk, page, v_off
@@ -49,12 +54,13 @@ def online_softmax_step(
     v = tl.load(
         V + v_off[:, None] + offs_d[None, :],
         mask=mask_n[:, None] & mask_d[None, :], other=0.0,
-    ).to(tl.float32)                                                      # [BLOCK_N, BLOCK_D]
+    )                                                                     # [BLOCK_N, BLOCK_D]
     if QUANT:
         slot_s = page * stride_vsp + (n % PAGE_SIZE) * stride_vss + kvh * stride_vvh_s
-        v = v * tl.load(VScale + slot_s, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+        v = v.to(tl.float32) * tl.load(VScale + slot_s, mask=mask_n, other=0.0).to(
+            tl.float32)[:, None]
     if DOT_F32:
-        pv = tl.dot(p, v, input_precision="ieee")
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
     else:
         pv = tl.dot(p.to(Q.dtype.element_ty), v.to(Q.dtype.element_ty))
     return m_new, l_i, acc * alpha[:, None] + pv

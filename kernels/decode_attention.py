@@ -19,7 +19,9 @@ import triton.language as tl
 from kernels._common import (
     CACHE_DTYPES,
     FLOAT_DTYPES,
+    LaunchConfig,
     check_head_dims,
+    check_launch_config,
     check_launchable,
     check_ranges,
     check_shape,
@@ -74,7 +76,7 @@ def _decode_stage1(
     q = tl.load(
         Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
         mask=mask_h[:, None] & mask_d[None, :], other=0.0,
-    ).to(tl.float32)                                                          # [BLOCK_H, BLOCK_D]
+    )                                                                     # [BLOCK_H, BLOCK_D]
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -146,6 +148,12 @@ def choose_num_splits(max_seq_len: int, batch: int, kv_heads: int, num_sms: int)
     return max(1, min(by_len, by_fill, MAX_SPLITS))
 
 
+def default_decode_config(head_dim: int) -> LaunchConfig:
+    """The launch the wrapper uses unless given one (``bench/kernels.py --sweep`` times others)."""
+    return LaunchConfig(block_n=64 if next_pow2(head_dim, 16) <= 128 else 32, num_warps=4,
+                        num_stages=2)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -161,6 +169,7 @@ def decode_attention(
     precision: str = "auto",
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context.
 
@@ -171,7 +180,8 @@ def decode_attention(
     sync when choosing ``num_splits``; ``check_indices=False`` skips the range checks of
     ``page_table``/``seq_lens`` (one sync) for callers that validated the same metadata already.
     An 8-bit cache (int8, float8; see :mod:`kernels._quant`) needs ``k_scale, v_scale``
-    [P, S, Hkv] float16; K/V are dequantized right after each load.
+    [P, S, Hkv] float16; K/V are dequantized right after each load. ``config`` overrides the
+    launch (:func:`default_decode_config`).
     """
     check_tensor("q", q, 3, FLOAT_DTYPES, None)
     dev = q.device
@@ -212,6 +222,7 @@ def decode_attention(
         raise ValueError(f"num_splits must be in [1, 1024], got {num_splits}")
 
     block_d = next_pow2(D, 16)
+    cfg = check_launch_config(default_decode_config(D) if config is None else config)
     quant = quant_spec(k_cache.dtype) is not None
     # an 8-bit cache is dequantized to fp32 and enters the dots like a cache in q's dtype
     dot_f32 = use_fp32_dot(precision, _decode_stage1, q.dtype, q.dtype if quant else k_cache.dtype)
@@ -236,9 +247,9 @@ def decode_attention(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_DIM=D, PAGE_SIZE=S, DIRECT=num_splits == 1,
-        BLOCK_H=next_pow2(group, 16), BLOCK_N=64 if block_d <= 128 else 32,
+        BLOCK_H=next_pow2(group, 16), BLOCK_N=cfg.block_n,
         BLOCK_D=block_d, DOT_F32=dot_f32, QUANT=quant,
-        num_warps=4, num_stages=2,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
         _decode_stage2[(B, Hq)](

@@ -22,7 +22,9 @@ import triton.language as tl
 from kernels._common import (
     CACHE_DTYPES,
     FLOAT_DTYPES,
+    LaunchConfig,
     check_head_dims,
+    check_launch_config,
     check_launchable,
     check_ranges,
     check_shape,
@@ -36,6 +38,34 @@ from kernels._paged_block import online_softmax_step, paged_qk_block
 from kernels._quant import check_scale, dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _extend_key_block(
+    q, m_i, l_i, acc, n, hi, q_pos, Q, K, V, KScale, VScale, PageTable, pt_row, kvh, offs_d,
+    mask_d, qk_scale,
+    stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
+    stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
+    PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr, DOT_F32: tl.constexpr,
+    CAUSAL: tl.constexpr,  # mask keys above each row's position (else all keys < hi are visible)
+):
+    """Fold the keys at positions ``n [BLOCK_N]`` (those ``< hi``) into the running softmax of
+    the query rows at positions ``q_pos [BLOCK_M]``; returns the new ``(m_i, l_i, acc)``."""
+    mask_n = n < hi
+    qk, page, v_off = paged_qk_block(
+        q, Q, K, KScale, PageTable, pt_row, n, mask_n, kvh, offs_d, mask_d,
+        stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
+        stride_vp, stride_vs, stride_vh, PAGE_SIZE, QUANT, DOT_F32,
+    )
+    if CAUSAL:
+        visible = mask_n[None, :] & (n[None, :] <= q_pos[:, None])            # [BLOCK_M, BLOCK_N]
+        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+    else:
+        qk = qk * qk_scale
+    return online_softmax_step(
+        qk, m_i, l_i, acc, Q, V, VScale, v_off, page, n, kvh, offs_d, mask_n, mask_d,
+        stride_vsp, stride_vss, stride_vvh_s, PAGE_SIZE, QUANT, DOT_F32,
+    )
 
 
 @triton.jit
@@ -74,29 +104,33 @@ def _extend_kernel(
         q = tl.load(
             Q + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
             mask=mask_m[:, None] & mask_d[None, :], other=0.0,
-        ).to(tl.float32)                                                      # [BLOCK_M, BLOCK_D]
+        )                                                                 # [BLOCK_M, BLOCK_D]
         q_pos = prefix + offs_m                                               # [BLOCK_M]
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        # Keys past the block's last query are masked for every row; the first key block
-        # always holds a key visible to every row (key 0 or the block's own first position).
+        # Keys below the block's first query position are visible to every row: those blocks
+        # skip the causal mask. Keys past the block's last query are masked for every row. The
+        # first masked block holds a key visible to every row (its first key is at or below the
+        # block's first position), so no row's running max stays -inf.
         hi = tl.minimum(seq_len, prefix + m0 + BLOCK_M)
-        for n0 in range(0, hi, BLOCK_N):
-            n = n0 + offs_n                                                   # [BLOCK_N]
-            mask_n = n < hi
-            qk, page, v_off = paged_qk_block(
-                q, Q, K, KScale, PageTable, b * stride_pt, n, mask_n, kvh, offs_d, mask_d,
+        full_hi = (prefix + m0) // BLOCK_N * BLOCK_N
+        for n0 in range(0, full_hi, BLOCK_N):
+            m_i, l_i, acc = _extend_key_block(
+                q, m_i, l_i, acc, n0 + offs_n, full_hi, q_pos, Q, K, V, KScale, VScale,
+                PageTable, b * stride_pt, kvh, offs_d, mask_d, qk_scale,
                 stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
-                stride_vp, stride_vs, stride_vh, PAGE_SIZE, QUANT, DOT_F32,
+                stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
+                PAGE_SIZE, QUANT, DOT_F32, False,
             )
-            visible = mask_n[None, :] & (n[None, :] <= q_pos[:, None])        # [BLOCK_M, BLOCK_N]
-            qk = tl.where(visible, qk * qk_scale, float("-inf"))
-
-            m_i, l_i, acc = online_softmax_step(
-                qk, m_i, l_i, acc, Q, V, VScale, v_off, page, n, kvh, offs_d, mask_n, mask_d,
-                stride_vsp, stride_vss, stride_vvh_s, PAGE_SIZE, QUANT, DOT_F32,
+        for n0 in range(full_hi, hi, BLOCK_N):
+            m_i, l_i, acc = _extend_key_block(
+                q, m_i, l_i, acc, n0 + offs_n, hi, q_pos, Q, K, V, KScale, VScale,
+                PageTable, b * stride_pt, kvh, offs_d, mask_d, qk_scale,
+                stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
+                stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
+                PAGE_SIZE, QUANT, DOT_F32, True,
             )
 
         o = acc / l_i[:, None]
@@ -104,6 +138,18 @@ def _extend_kernel(
             Out + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
             o.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :],
         )
+
+
+def default_extend_config(head_dim: int, interpreted: bool = False) -> LaunchConfig:
+    """The launch the wrapper uses unless given one (``bench/kernels.py --sweep`` times others);
+    small tiles under the interpreter, whose cost grows with the tile."""
+    if interpreted:
+        return LaunchConfig(block_m=32, block_n=32, num_warps=4, num_stages=2)
+    block_d = next_pow2(head_dim, 16)
+    if block_d > 128:
+        return LaunchConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
+    return LaunchConfig(block_m=128, block_n=64, num_warps=4 if block_d <= 64 else 8,
+                        num_stages=2)
 
 
 def extend_attention(
@@ -122,6 +168,7 @@ def extend_attention(
     precision: str = "auto",
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of every sequence over its paged context.
 
@@ -133,7 +180,8 @@ def extend_attention(
     ``max_extend_len`` (host int, >= every extend length) avoids a device sync;
     ``check_indices=False`` skips the metadata range checks (one sync). An 8-bit cache (int8,
     float8; see :mod:`kernels._quant`) needs ``k_scale, v_scale`` [P, S, Hkv] float16; K/V are
-    dequantized right after each load.
+    dequantized right after each load. ``config`` overrides the launch
+    (:func:`default_extend_config`).
     """
     check_tensor("q", q, 3, FLOAT_DTYPES, None)
     dev = q.device
@@ -185,16 +233,12 @@ def extend_attention(
         return out
 
     block_d = next_pow2(D, 16)
-    if is_interpreted(_extend_kernel):
-        block_m, block_n, warps = 32, 32, 4
-    else:
-        block_m, block_n, warps = (128, 64, 4) if block_d <= 64 else (128, 64, 8)
-        if block_d > 128:
-            block_m, block_n = 64, 32
+    cfg = check_launch_config(
+        default_extend_config(D, is_interpreted(_extend_kernel)) if config is None else config)
     quant = quant_spec(k_cache.dtype) is not None
     ks = k_scale if quant else k_cache  # unused pointers when not quantized
     vs = v_scale if quant else v_cache
-    grid = (triton.cdiv(max_extend_len, block_m), Hq, B)
+    grid = (triton.cdiv(max_extend_len, cfg.block_m), Hq, B)
     _extend_kernel[grid](
         q, k_cache, v_cache, ks, vs, page_table, q_start_loc, prefix_lens, seq_lens, out,
         float(sm_scale) * LOG2E,
@@ -206,12 +250,12 @@ def extend_attention(
         page_table.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=D, PAGE_SIZE=S,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
         # an 8-bit cache is dequantized to fp32 and enters the dots like a cache in q's dtype
         DOT_F32=use_fp32_dot(precision, _extend_kernel, q.dtype,
                              q.dtype if quant else k_cache.dtype),
         QUANT=quant,
-        num_warps=warps, num_stages=2,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 

@@ -95,6 +95,8 @@ def sample(logits: torch.Tensor, specs: Sequence[RowSpec]) -> tuple[list[int], l
             continue
         probs = torch.softmax(logits[i] / s.params.temperature, dim=-1)
         probs = filter_probs(probs, s.params)
+        if s.generator is not None:  # a seeded generator lives on the CPU: sample there
+            probs = probs.to(s.generator.device)
         tokens[i] = int(torch.multinomial(probs, 1, generator=s.generator).item())
     lps: list[TokenLogprob | None] = [
         None if s.logprobs is None else top_logprobs(raw_lp[i], tokens[i], s.logprobs)

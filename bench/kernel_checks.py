@@ -1,0 +1,98 @@
+"""Correctness checks of ``bench/kernels.py``: every kernel against its float64 reference at
+real sizes, in every input dtype and 8-bit cache dtype, before anything is timed."""
+
+from __future__ import annotations
+
+import torch
+
+from bench.kernel_util import extend_inputs, paged_context, quantized, rel_err
+
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+QUANT = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+class CheckLog(list):
+    """The list of check records; ``record`` appends one and prints it."""
+
+    def record(self, name: str, err: float, tol: float) -> bool:
+        ok = err <= tol
+        self.append({"check": name, "rel_err": err, "tol": tol, "ok": ok})
+        print(f"  {'ok  ' if ok else 'FAIL'} {name:52s} rel_err {err:.2e} (tol {tol:.0e})",
+              flush=True)
+        return ok
+
+
+def decode_case(kernels, log: CheckLog, hq, hkv, d, page, dtype, check_len, gen, dev,
+                cache_dtype=None, config=None, label="") -> bool:
+    """16 sequences of random lengths in [1, check_len] (the first of length 1)."""
+    lens = torch.randint(1, check_len + 1, (16,), generator=gen, device=dev).tolist()
+    lens[0] = 1
+    kc, vc, table, sl = paged_context(lens, hkv, d, dtype, dev, page, gen)
+    kc, vc, scales = quantized(kc, vc, cache_dtype)
+    q = torch.randn(16, hq, d, device=dev, generator=gen).to(dtype)
+    args = (q, kc, vc, table, sl, d**-0.5)
+    out = torch.full(q.shape, float("nan"), dtype=dtype, device=dev)
+    kernels.decode_attention(*args, out=out, config=config, **scales)
+    ref = kernels.decode_attention_ref(*args, **scales)
+    tol = TOL[dtype] if cache_dtype is None else TOL[dtype] * 2
+    cache = "" if cache_dtype is None else f" cache {str(cache_dtype)[6:]}"
+    return log.record(f"decode {hq}/{hkv} d{d} page{page} {str(dtype)[6:]}{cache}{label}",
+                      rel_err(out, ref), tol)
+
+
+def extend_case(kernels, log: CheckLog, hq, hkv, d, dtype, check_len, gen, dev,
+                cache_dtype=None, config=None, label="") -> bool:
+    """Four sequences: no prefix, a long prefix + one token, an odd prefix, a half prefix."""
+    prefix = [0, check_len // 4, 37, check_len // 2]
+    ext = [check_len // 6, 1, check_len // 8 + 1, check_len // 16]
+    args, scales = extend_inputs(prefix, ext, hq, hkv, d, dtype, dev, gen=gen,
+                                 cache_dtype=cache_dtype)
+    out = torch.full(args[0].shape, float("nan"), dtype=dtype, device=dev)
+    kernels.extend_attention(*args, out=out, config=config, **scales)
+    ref = kernels.extend_attention_ref(*args, **scales)
+    tol = TOL[dtype] if cache_dtype is None else TOL[dtype] * 2
+    cache = "" if cache_dtype is None else f" cache {str(cache_dtype)[6:]}"
+    return log.record(f"extend {hq}/{hkv} d{d} page16 {str(dtype)[6:]}{cache}{label}",
+                      rel_err(out, ref), tol)
+
+
+def run_checks(kernels, check_len: int, dev: str) -> CheckLog:
+    gen = torch.Generator(device=dev).manual_seed(0)
+    log = CheckLog()
+    print("checks against the float64 references", flush=True)
+    for (hq, hkv, d), page in (((32, 8, 128), 16), ((9, 3, 64), 1), ((9, 3, 64), 32)):
+        for dtype in TOL:
+            decode_case(kernels, log, hq, hkv, d, page, dtype, check_len, gen, dev)
+    for hq, hkv, d in ((32, 8, 128), (9, 3, 64)):
+        for dtype in TOL:
+            extend_case(kernels, log, hq, hkv, d, dtype, check_len, gen, dev)
+    # 8-bit caches: the kernel against the reference over the same quantized cache
+    for cache_dtype in QUANT:
+        decode_case(kernels, log, 32, 8, 128, 16, torch.bfloat16, check_len, gen, dev,
+                    cache_dtype)
+        extend_case(kernels, log, 32, 8, 128, torch.bfloat16, check_len, gen, dev, cache_dtype)
+
+    for cache_dtype in (torch.bfloat16, *QUANT):
+        kc = torch.randn(32, 16, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
+        vc = torch.randn(32, 16, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
+        kc, vc, scales = quantized(kc, vc, None if cache_dtype == torch.bfloat16 else cache_dtype)
+        k = torch.randn(256, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
+        v = torch.randn(256, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
+        slots = torch.randperm(32 * 16, device=dev, generator=gen)[:256]
+        want = kernels.store_kv_ref(k, v, kc, vc, slots, **scales)
+        kernels.store_kv(k, v, kc, vc, slots, **scales)
+        got = (kc, vc, *scales.values())
+        same = all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want))
+        log.record(f"kv store {str(cache_dtype)[6:]} (1 = not bitwise equal)", float(not same), 0)
+
+    buf = torch.randn(4, 2, 64, 16, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
+    src, dst = torch.arange(0, 20, device=dev), torch.arange(40, 60, device=dev)
+    want = kernels.copy_pages_ref(buf, src, dst)
+    kernels.copy_pages(buf, src, dst)
+    log.record("page copy bf16 (1 = not bitwise equal)", float(not torch.equal(buf, want)), 0)
+    return log
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of an 8-bit tensor (float8 has no ``torch.equal`` on every build)."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t

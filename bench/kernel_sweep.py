@@ -1,0 +1,99 @@
+"""Launch-configuration sweep of ``bench/kernels.py``: each candidate (tile sizes, warps,
+pipeline stages) of decode and extend attention is checked against the float64 reference, then
+timed on a few target-sized cells; the fastest correct candidate per head configuration is what
+the tables use. The wrappers' defaults are always among the candidates."""
+
+from __future__ import annotations
+
+import math
+import traceback
+
+import torch
+
+from bench.kernel_checks import CheckLog, decode_case, extend_case
+from bench.kernel_util import PAGE, bench_ms, extend_inputs
+
+# (block_n, num_warps, num_stages)
+DECODE_CANDIDATES = ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3),
+                     (32, 4, 3), (32, 2, 3), (64, 2, 3))
+# (block_m, block_n, num_warps, num_stages)
+EXTEND_CANDIDATES = ((128, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
+                     (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 4, 2))
+
+
+def decode_cell_ms(kernels, hq, hkv, d, batch, ctx, dev, config) -> float:
+    """Time of one decode launch: ``batch`` sequences of ``ctx`` tokens, bf16, shuffled pages."""
+    n = ctx // PAGE
+    pages = batch * n + 1
+    kc = torch.randn(pages, PAGE, hkv, d, device=dev, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    table = torch.randperm(pages, device=dev)[: batch * n].view(batch, n).int()
+    sl = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+    q = torch.randn(batch, hq, d, device=dev, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    return bench_ms(lambda: kernels.decode_attention(
+        q, kc, vc, table, sl, d**-0.5, out=out, max_seq_len=ctx, check_indices=False,
+        config=config), dev)
+
+
+def extend_cell_ms(kernels, hq, hkv, d, batch, prefix, new, dev, config) -> float:
+    args, _ = extend_inputs([prefix] * batch, [new] * batch, hq, hkv, d, torch.bfloat16, dev)
+    out = torch.empty_like(args[0])
+    return bench_ms(lambda: kernels.extend_attention(
+        *args, out=out, max_extend_len=new, check_indices=False, config=config), dev)
+
+
+def sweep(kernels, heads: dict, decode_cells, extend_cells, check_len: int, dev: str,
+          log: CheckLog, limit: int | None = None) -> dict:
+    """Returns ``{"decode": {head name: best}, "extend": {...}, "rows": [...]}``, each best a
+    ``kernels.LaunchConfig``; ``limit`` keeps the first candidates only (smoke runs)."""
+    gen = torch.Generator(device=dev).manual_seed(1)
+    rows, best = [], {"decode": {}, "extend": {}}
+    kinds = {
+        "decode": ([kernels.LaunchConfig(*c) for c in DECODE_CANDIDATES], decode_cells,
+                   kernels.default_decode_config),
+        "extend": ([kernels.LaunchConfig(block_m=c[0], block_n=c[1], num_warps=c[2],
+                                         num_stages=c[3]) for c in EXTEND_CANDIDATES],
+                   extend_cells, kernels.default_extend_config),
+    }
+    for kind, (candidates, cells, default) in kinds.items():
+        print(f"\n{kind} launch sweep, bf16 (ms per cell; geometric mean relative to the default)",
+              flush=True)
+        for name, (hq, hkv, d) in heads.items():
+            dflt = default(d)
+            cands = [dflt] + [c for c in candidates if c != dflt][: None if limit is None else
+                                                                   limit - 1]
+            times = {}
+            for cfg in cands:
+                label = f" {cfg.label()}"
+                try:
+                    if kind == "decode":
+                        ok = decode_case(kernels, log, hq, hkv, d, PAGE, torch.bfloat16,
+                                         check_len, gen, dev, config=cfg, label=label)
+                        ms = [decode_cell_ms(kernels, hq, hkv, d, *c, dev, cfg) for c in cells]
+                    else:
+                        ok = extend_case(kernels, log, hq, hkv, d, torch.bfloat16, check_len,
+                                         gen, dev, config=cfg, label=label)
+                        ms = [extend_cell_ms(kernels, hq, hkv, d, *c, dev, cfg) for c in cells]
+                except Exception as e:  # a candidate that does not compile or launch is skipped
+                    traceback.print_exc()
+                    rows.append({"kind": kind, "heads": name, "config": cfg._asdict(),
+                                 "error": f"{type(e).__name__}: {e}"[:500]})
+                    continue
+                if ok:
+                    times[cfg] = ms
+                rows.append({"kind": kind, "heads": name, "config": cfg._asdict(),
+                             "cells": [list(c) for c in cells], "ms": ms, "correct": ok})
+            if dflt not in times:
+                raise RuntimeError(f"{kind} {name}: the default launch {dflt} failed its check")
+            score = {c: math.exp(sum(math.log(a / b) for a, b in zip(t, times[dflt])) / len(t))
+                     for c, t in times.items()}
+            for c, t in times.items():
+                mark = "default" if c == dflt else ""
+                print(f"  {name:24s} {c.label():18s} "
+                      + " ".join(f"{x:8.3f}" for x in t) + f"  x{score[c]:.3f} {mark}", flush=True)
+            best[kind][name] = min(times, key=score.get)
+            print(f"  -> {name}: {best[kind][name].label()} "
+                  f"(x{score[best[kind][name]]:.3f} of the default's time)", flush=True)
+    best["rows"] = rows
+    return best
