@@ -79,11 +79,14 @@ def run_checks(kernels, check_len: int, dev: str) -> CheckLog:
         k = torch.randn(256, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
         v = torch.randn(256, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
         slots = torch.randperm(32 * 16, device=dev, generator=gen)[:256]
+        inputs = [t.cpu() for t in (k, v, kc, vc, slots, *scales.values())]
         want = kernels.store_kv_ref(k, v, kc, vc, slots, **scales)
         kernels.store_kv(k, v, kc, vc, slots, **scales)
         got = (kc, vc, *scales.values())
         same = all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want))
-        log.record(f"kv store {str(cache_dtype)[6:]} (1 = not bitwise equal)", float(not same), 0)
+        if not log.record(f"kv store {str(cache_dtype)[6:]} (1 = not bitwise equal)",
+                          float(not same), 0):
+            explain_store_mismatch(kernels, got, want, inputs, scales)
 
     buf = torch.randn(4, 2, 64, 16, 8, 128, device=dev, generator=gen).to(torch.bfloat16)
     src, dst = torch.arange(0, 20, device=dev), torch.arange(40, 60, device=dev)
@@ -91,6 +94,23 @@ def run_checks(kernels, check_len: int, dev: str) -> CheckLog:
     kernels.copy_pages(buf, src, dst)
     log.record("page copy bf16 (1 = not bitwise equal)", float(not torch.equal(buf, want)), 0)
     return log
+
+
+def explain_store_mismatch(kernels, got, want, inputs, scales) -> None:
+    """Print where a KV store differs from its reference, and whether the reference computed on
+    the CPU agrees with the kernel or with the reference on the device."""
+    k, v, kc, vc, slots, *sc = inputs
+    want_cpu = kernels.store_kv_ref(k, v, kc, vc, slots, **dict(zip(scales, sc)))
+    for name, g, w, wc in zip(("k_cache", "v_cache", "k_scale", "v_scale"), got, want, want_cpu):
+        g, w, wc = bits(g).cpu(), bits(w).cpu(), bits(wc)
+        diff = (g != w).nonzero()
+        print(f"    {name}: {len(diff)} of {g.numel()} elements differ from the device reference;"
+              f" kernel vs CPU reference: {int((g != wc).sum())} differ; device vs CPU "
+              f"reference: {int((w != wc).sum())} differ", flush=True)
+        for idx in diff[:4].tolist():
+            idx = tuple(idx)
+            print(f"      at {idx}: kernel {int(g[idx])} device-ref {int(w[idx])} "
+                  f"cpu-ref {int(wc[idx])}", flush=True)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

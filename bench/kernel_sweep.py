@@ -14,14 +14,16 @@ from bench.kernel_checks import CheckLog, decode_case, extend_case
 from bench.kernel_util import PAGE, bench_ms, extend_inputs
 
 # (block_n, num_warps, num_stages)
-DECODE_CANDIDATES = ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3),
-                     (32, 4, 3), (32, 2, 3), (64, 2, 3))
-# (block_m, block_n, num_warps, num_stages)
-EXTEND_CANDIDATES = ((128, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
-                     (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 4, 2))
+DECODE_CANDIDATES = ((64, 4, 2), (64, 4, 4), (128, 4, 2), (128, 8, 3), (32, 2, 3), (32, 2, 4),
+                     (64, 2, 3), (64, 2, 4))
+# (block_m, block_n, num_warps, num_stages, pack_gqa)
+EXTEND_CANDIDATES = ((128, 64, 4, 2, False), (128, 64, 8, 2, False), (64, 64, 4, 3, False),
+                     (64, 64, 4, 4, False), (128, 64, 8, 3, False), (128, 128, 8, 3, False),
+                     (64, 64, 4, 3, True), (128, 64, 4, 3, True), (128, 64, 8, 3, True),
+                     (128, 128, 8, 2, True), (64, 128, 4, 3, True), (128, 64, 8, 4, True))
 
 
-def decode_cell_ms(kernels, hq, hkv, d, batch, ctx, dev, config) -> float:
+def decode_cell_ms(kernels, hq, hkv, d, batch, ctx, dev, config, num_splits=None) -> float:
     """Time of one decode launch: ``batch`` sequences of ``ctx`` tokens, bf16, shuffled pages."""
     n = ctx // PAGE
     pages = batch * n + 1
@@ -33,7 +35,7 @@ def decode_cell_ms(kernels, hq, hkv, d, batch, ctx, dev, config) -> float:
     out = torch.empty_like(q)
     return bench_ms(lambda: kernels.decode_attention(
         q, kc, vc, table, sl, d**-0.5, out=out, max_seq_len=ctx, check_indices=False,
-        config=config), dev)
+        config=config, num_splits=num_splits), dev)
 
 
 def extend_cell_ms(kernels, hq, hkv, d, batch, prefix, new, dev, config) -> float:
@@ -53,7 +55,8 @@ def sweep(kernels, heads: dict, decode_cells, extend_cells, check_len: int, dev:
         "decode": ([kernels.LaunchConfig(*c) for c in DECODE_CANDIDATES], decode_cells,
                    kernels.default_decode_config),
         "extend": ([kernels.LaunchConfig(block_m=c[0], block_n=c[1], num_warps=c[2],
-                                         num_stages=c[3]) for c in EXTEND_CANDIDATES],
+                                         num_stages=c[3], pack_gqa=c[4])
+                    for c in EXTEND_CANDIDATES],
                    extend_cells, kernels.default_extend_config),
     }
     for kind, (candidates, cells, default) in kinds.items():
@@ -97,3 +100,39 @@ def sweep(kernels, heads: dict, decode_cells, extend_cells, check_len: int, dev:
                   f"(x{score[best[kind][name]]:.3f} of the default's time)", flush=True)
     best["rows"] = rows
     return best
+
+
+# (waves, min_tokens) rules for the decode split count; the first is the wrapper's default
+SPLIT_RULES = ((4, 256), (8, 256), (16, 256), (16, 128), (32, 128))
+
+
+def sweep_splits(kernels, heads: dict, configs: dict, batches, contexts, max_tokens: int,
+                 sms: int, dev: str, limit: int | None = None) -> tuple[tuple[int, int], list]:
+    """Time decode under each split rule on the (batch, context) grid; returns the rule with the
+    best geometric-mean time over the grid (both head configurations) and the rows."""
+    rules = SPLIT_RULES[: None if limit is None else limit]
+    rows, logsum = [], dict.fromkeys(rules, 0.0)
+    print("\ndecode split-count rules (waves, min tokens per split): ms per cell", flush=True)
+    for name, (hq, hkv, d) in heads.items():
+        cfg = configs.get(name) or kernels.default_decode_config(d)
+        for B in batches:
+            for ctx in contexts:
+                if B * ctx > max_tokens:
+                    continue
+                timed: dict[int, float] = {}
+                for rule in rules:
+                    n = kernels.choose_num_splits(ctx, B, hkv, sms, *rule)
+                    if n not in timed:
+                        timed[n] = decode_cell_ms(kernels, hq, hkv, d, B, ctx, dev, cfg,
+                                                  num_splits=n)
+                    logsum[rule] += math.log(timed[n])
+                    rows.append({"heads": name, "batch": B, "context": ctx, "waves": rule[0],
+                                 "min_tokens": rule[1], "num_splits": n, "ms": timed[n]})
+                print(f"  {name:24s} B{B:<4d} ctx {ctx:6d}: " + "  ".join(
+                    f"{n:2d} splits {ms:7.3f}" for n, ms in sorted(timed.items())), flush=True)
+    best = min(rules, key=logsum.get)
+    for rule in rules:
+        print(f"  rule waves={rule[0]:2d} min_tokens={rule[1]:3d}: geometric-mean time "
+              f"x{math.exp((logsum[rule] - logsum[rules[0]]) / max(1, len(rows) // len(rules))):.3f}"
+              f" of the default{'  <- best' if rule == best else ''}", flush=True)
+    return best, rows

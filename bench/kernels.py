@@ -65,15 +65,18 @@ class Sizes:
     sweep_decode: tuple[tuple[int, int], ...]        # (batch, context) cells of the sweep
     sweep_extend: tuple[tuple[int, int, int], ...]   # (batch, prefix, new) cells of the sweep
     sweep_limit: int | None                          # candidates per kind (None: all)
+    split_contexts: tuple[int, ...]                  # contexts of the split-rule sweep
 
 
 GPU = Sizes("cuda", (1, 8, 32, 64, 128, 256), (512, 2048, 4096, 8192, 16384, 32768),
             1 << 22,  # 16 GB of K/V per layer for Llama-8B heads
             4096, ((1, 0, 4096), (4, 0, 2048), (16, 0, 512), (4, 2048, 512)),
             (256, 4096, 32768), 32, (1, 16, 256), 1 << 31,
-            ((32, 4096), (64, 8192), (128, 16384)), ((1, 0, 4096), (4, 2048, 512)), None)
+            ((32, 4096), (64, 8192), (128, 16384)),
+            ((1, 0, 4096), (4, 2048, 512), (16, 0, 512)), None,
+            (2048, 4096, 8192, 32768))
 SMOKE = Sizes("cpu", (1, 2), (32, 80), 160, 40, ((2, 0, 16), (1, 16, 8)), (8,), 2, (1, 2),
-              1 << 20, ((2, 64),), ((1, 0, 32),), 2)
+              1 << 20, ((2, 64),), ((1, 0, 32),), 2, (80,))
 
 
 def copy_bandwidth(z: Sizes) -> float:
@@ -83,7 +86,8 @@ def copy_bandwidth(z: Sizes) -> float:
     return 2 * src.numel() / ms / 1e6  # GB/s, read + write
 
 
-def bench_decode(kernels, z: Sizes, ceiling: float, sms: int, configs: dict) -> list[dict]:
+def bench_decode(kernels, z: Sizes, ceiling: float, sms: int, configs: dict,
+                 split_rule: tuple[int, int] | None) -> list[dict]:
     dev, rows = z.device, []
     for name, (hq, hkv, d) in HEADS.items():
         cfg = configs.get(name) or kernels.default_decode_config(d)
@@ -91,8 +95,8 @@ def bench_decode(kernels, z: Sizes, ceiling: float, sms: int, configs: dict) -> 
         kc = torch.randn(pages, PAGE, hkv, d, device=dev, dtype=torch.bfloat16)
         vc = torch.randn(pages, PAGE, hkv, d, device=dev, dtype=torch.bfloat16)
         elt = kc.element_size()
-        print(f"\ndecode attention, {name}, bf16, page {PAGE}, launch {cfg.label()}  "
-              "(GB/s; % of copy bandwidth)", flush=True)
+        print(f"\ndecode attention, {name}, bf16, page {PAGE}, launch {cfg.label()}, split rule "
+              f"{split_rule or 'default'}  (GB/s; % of copy bandwidth)", flush=True)
         print(f"  {'batch':>5s} " + " ".join(f"{c:>15d}" for c in z.contexts))
         for B in z.batches:
             cells = []
@@ -105,14 +109,15 @@ def bench_decode(kernels, z: Sizes, ceiling: float, sms: int, configs: dict) -> 
                 sl = torch.full((B,), ctx, dtype=torch.int32, device=dev)
                 q = torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16)
                 out = torch.empty_like(q)
+                splits = kernels.choose_num_splits(ctx, B, hkv, sms, *(split_rule or ()))
                 ms = bench_ms(lambda: kernels.decode_attention(
                     q, kc, vc, table, sl, d**-0.5, out=out, max_seq_len=ctx, check_indices=False,
-                    config=cfg), dev)
+                    config=cfg, num_splits=splits), dev)
                 nbytes = 2 * B * ctx * hkv * d * elt + 2 * B * hq * d * elt + B * n * 4
                 gbs = nbytes / ms / 1e6
                 rows.append({"heads": name, "batch": B, "context": ctx, "ms": ms, "bytes": nbytes,
                              "GBps": gbs, "pct_of_copy": 100 * gbs / ceiling,
-                             "num_splits": kernels.choose_num_splits(ctx, B, hkv, sms),
+                             "num_splits": splits,
                              "config": cfg._asdict()})
                 cells.append(f"{gbs:8.0f} ({100 * gbs / ceiling:3.0f}%)")
             print(f"  {B:5d} " + " ".join(cells), flush=True)
@@ -217,7 +222,7 @@ def main() -> int:
 
     import kernels  # only now: TRITON_INTERPRET is read when its kernels are defined
     from bench.kernel_checks import CheckLog, run_checks
-    from bench.kernel_sweep import sweep
+    from bench.kernel_sweep import sweep, sweep_splits
 
     z = SMOKE if opts.smoke else GPU
     t0 = time.time()
@@ -233,7 +238,7 @@ def main() -> int:
         "device": name, "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "checks": [], "errors": [],
     }
-    state = {"ceiling": float("nan"), "best": {"decode": {}, "extend": {}}}
+    state = {"ceiling": float("nan"), "best": {"decode": {}, "extend": {}}, "split_rule": None}
 
     def save() -> None:
         result["seconds"] = time.time() - t0
@@ -258,12 +263,20 @@ def main() -> int:
         result["chosen"] = {k: {h: c._asdict() for h, c in v.items()} for k, v in best.items()}
         state["best"] = best
 
+    def split_sweep() -> None:
+        rule, rows = sweep_splits(kernels, HEADS, state["best"]["decode"], z.batches,
+                                  z.split_contexts, z.max_decode_tokens, sms, z.device,
+                                  z.sweep_limit)
+        result["split_sweep"] = rows
+        result["chosen_split_rule"] = {"waves": rule[0], "min_tokens": rule[1]}
+        state["split_rule"] = rule
+
     sections = [("checks", checks), ("copy bandwidth", ceiling)]
     if not opts.no_sweep:
-        sections.append(("launch sweep", launch_sweep))
+        sections += [("launch sweep", launch_sweep), ("split sweep", split_sweep)]
     sections += [
         ("decode", lambda: result.__setitem__("decode", bench_decode(
-            kernels, z, state["ceiling"], sms, state["best"]["decode"]))),
+            kernels, z, state["ceiling"], sms, state["best"]["decode"], state["split_rule"]))),
         ("extend", lambda: result.__setitem__("extend", bench_extend(
             kernels, z, state["best"]["extend"]))),
         ("kv ops", lambda: result.__setitem__("kv_ops", bench_kv_ops(

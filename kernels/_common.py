@@ -115,16 +115,20 @@ class LaunchConfig(NamedTuple):
     """Tile sizes and launch shape of an attention kernel.
 
     block_n: keys per inner-loop block; block_m: query rows per program (extend only; decode
-    programs hold one KV head's query group); num_warps, num_stages: Triton launch options.
+    programs hold one KV head's query group); num_warps, num_stages: Triton launch options;
+    pack_gqa (extend only): a program's rows are (token, query head) pairs of one KV head's
+    group, so K/V tiles are loaded once per group.
     """
 
     block_n: int
     num_warps: int
     num_stages: int
     block_m: int = 16  # decode: unused
+    pack_gqa: bool = False  # extend only: rows = (token, head) pairs of a KV head's group
 
     def label(self) -> str:
-        return f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
+        pack = " packed" if self.pack_gqa else ""
+        return f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}{pack}"
 
 
 def check_launch_config(config: LaunchConfig) -> LaunchConfig:

@@ -35,6 +35,7 @@ from kernels._quant import check_scale, dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
 MIN_TOKENS_PER_SPLIT = 256
+WAVES = 4  # programs per multiprocessor the split count aims for
 MAX_SPLITS = 64
 
 
@@ -140,11 +141,13 @@ def _decode_stage2(
              mask=mask_d)
 
 
-def choose_num_splits(max_seq_len: int, batch: int, kv_heads: int, num_sms: int) -> int:
-    """Splits per sequence: enough programs for ~4 waves over ``num_sms`` multiprocessors,
-    but never under ``MIN_TOKENS_PER_SPLIT`` context tokens per split, at most ``MAX_SPLITS``."""
-    by_len = -(-max_seq_len // MIN_TOKENS_PER_SPLIT)
-    by_fill = -(-4 * num_sms // max(1, batch * kv_heads))
+def choose_num_splits(max_seq_len: int, batch: int, kv_heads: int, num_sms: int,
+                      waves: int = WAVES, min_tokens: int = MIN_TOKENS_PER_SPLIT) -> int:
+    """Splits per sequence: enough programs for ``waves`` waves over ``num_sms``
+    multiprocessors, but never under ``min_tokens`` context tokens per split, at most
+    ``MAX_SPLITS``."""
+    by_len = -(-max_seq_len // min_tokens)
+    by_fill = -(-waves * num_sms // max(1, batch * kv_heads))
     return max(1, min(by_len, by_fill, MAX_SPLITS))
 
 

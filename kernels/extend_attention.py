@@ -7,8 +7,11 @@ their K/V are already stored in the pool. New token ``i`` (absolute position
 through the page table. Serves prefill, chunked prefill, prefix-cache hits and mixed batches
 (a decode is an extend of one token).
 
-One program per (query block of ``BLOCK_M`` new tokens, query head, sequence) runs a
-FlashAttention-style loop over key blocks with an online softmax.
+One program per (query block, head, sequence) runs a FlashAttention-style loop over key blocks
+with an online softmax: a block is ``BLOCK_M`` new tokens of one query head, or (``pack_gqa``)
+``BLOCK_M`` (token, head) rows of one KV head's whole query group, which loads each K/V tile
+once per group instead of once per query head. Key blocks entirely below a query block's first
+position skip the causal mask.
 """
 
 from __future__ import annotations
@@ -83,29 +86,48 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
     QUANT: tl.constexpr,  # 8-bit cache: dequantize K/V with their per-token scales after load
+    PACK_GQA: tl.constexpr,
 ):
     mblk = tl.program_id(0)
-    h = tl.program_id(1)
+    pid_h = tl.program_id(1)
     b = tl.program_id(2)
-    kvh = h // GROUP
 
     q_start = tl.load(QStartLoc + b)
     ext_len = tl.load(QStartLoc + b + 1) - q_start
     prefix = tl.load(PrefixLens + b)
     seq_len = tl.load(SeqLens + b)
-    m0 = mblk * BLOCK_M
-    if m0 < ext_len:
-        offs_m = m0 + tl.arange(0, BLOCK_M)
+    # A program's rows: BLOCK_M new tokens of one query head, or with PACK_GQA the
+    # BLOCK_M (token, head) pairs of one KV head's query group, token-major (row r = token
+    # r // GROUP, head r % GROUP of the group), so each K/V tile is loaded once per group.
+    if PACK_GQA:
+        kvh = pid_h
+        n_rows = ext_len * GROUP
+    else:
+        kvh = pid_h // GROUP
+        n_rows = ext_len
+    r0 = mblk * BLOCK_M
+    if r0 < n_rows:
+        offs_r = r0 + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
-        mask_m = offs_m < ext_len
+        mask_m = offs_r < n_rows
         mask_d = offs_d < HEAD_DIM
-        rows = (q_start + offs_m).to(tl.int64)
+        if PACK_GQA:
+            tok = offs_r // GROUP                                             # [BLOCK_M]
+            head = kvh * GROUP + offs_r % GROUP
+            first_tok = r0 // GROUP
+            last_tok = (r0 + BLOCK_M - 1) // GROUP
+        else:
+            tok = offs_r
+            head = pid_h + tl.zeros([BLOCK_M], dtype=tl.int32)
+            first_tok = r0
+            last_tok = r0 + BLOCK_M - 1
+        rows = (q_start + tok).to(tl.int64)
         q = tl.load(
-            Q + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+            Q + rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
             mask=mask_m[:, None] & mask_d[None, :], other=0.0,
-        )                                                                 # [BLOCK_M, BLOCK_D]
-        q_pos = prefix + offs_m                                               # [BLOCK_M]
+        )                                                                     # [BLOCK_M, BLOCK_D]
+        q_pos = prefix + tok                                                  # [BLOCK_M]
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -114,8 +136,8 @@ def _extend_kernel(
         # skip the causal mask. Keys past the block's last query are masked for every row. The
         # first masked block holds a key visible to every row (its first key is at or below the
         # block's first position), so no row's running max stays -inf.
-        hi = tl.minimum(seq_len, prefix + m0 + BLOCK_M)
-        full_hi = (prefix + m0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(seq_len, prefix + last_tok + 1)
+        full_hi = (prefix + first_tok) // BLOCK_N * BLOCK_N
         for n0 in range(0, full_hi, BLOCK_N):
             m_i, l_i, acc = _extend_key_block(
                 q, m_i, l_i, acc, n0 + offs_n, full_hi, q_pos, Q, K, V, KScale, VScale,
@@ -135,7 +157,7 @@ def _extend_kernel(
 
         o = acc / l_i[:, None]
         tl.store(
-            Out + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+            Out + rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
             o.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :],
         )
 
@@ -238,7 +260,10 @@ def extend_attention(
     quant = quant_spec(k_cache.dtype) is not None
     ks = k_scale if quant else k_cache  # unused pointers when not quantized
     vs = v_scale if quant else v_cache
-    grid = (triton.cdiv(max_extend_len, cfg.block_m), Hq, B)
+    if cfg.pack_gqa:
+        grid = (triton.cdiv(max_extend_len * group, cfg.block_m), Hkv, B)
+    else:
+        grid = (triton.cdiv(max_extend_len, cfg.block_m), Hq, B)
     _extend_kernel[grid](
         q, k_cache, v_cache, ks, vs, page_table, q_start_loc, prefix_lens, seq_lens, out,
         float(sm_scale) * LOG2E,
@@ -254,7 +279,7 @@ def extend_attention(
         # an 8-bit cache is dequantized to fp32 and enters the dots like a cache in q's dtype
         DOT_F32=use_fp32_dot(precision, _extend_kernel, q.dtype,
                              q.dtype if quant else k_cache.dtype),
-        QUANT=quant,
+        QUANT=quant, PACK_GQA=cfg.pack_gqa,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

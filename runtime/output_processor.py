@@ -103,7 +103,7 @@ class OutputProcessor:
                 touched.append(r)
         if sample_reqs:
             specs = [self._spec(r) for r in sample_reqs]
-            rows_t = torch.tensor(sample_rows, dtype=torch.long)
+            rows_t = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
             tokens, lps = sample(logits.index_select(0, rows_t), specs)
             for r, tok, lp in zip(sample_reqs, tokens, lps):
                 self._append(r, tok, lp)

@@ -131,8 +131,8 @@ class TorchAttentionBackend:
             if p0 == 0:
                 mask, causal = None, True
             else:
-                qpos = torch.arange(p0, seq_len).unsqueeze(1)    # [n, 1]
-                mask, causal = torch.arange(seq_len).unsqueeze(0) <= qpos, False  # [n, L]
+                qpos = torch.arange(p0, seq_len, device=q.device).unsqueeze(1)  # [n, 1]
+                mask, causal = torch.arange(seq_len, device=q.device)[None, :] <= qpos, False  # [n, L]
             o = F.scaled_dot_product_attention(
                 q[s:e].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                 attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
@@ -155,17 +155,20 @@ class TorchAttentionBackend:
         qg = q.view(B, Hkv, G, D)
         shared, groups = shared_prefix_groups(page_table, seq_lens, S)
         own_lens = [n - s * S for n, s in zip(seq_lens, shared)]
-        out = torch.empty(B, Hkv, G, D, dtype=q.dtype)
-        lse = torch.empty(B, Hkv, G, dtype=q.dtype)
+        out = torch.empty(B, Hkv, G, D, dtype=q.dtype, device=q.device)
+        lse = torch.empty(B, Hkv, G, dtype=q.dtype, device=q.device)
         table = page_table.long()
+        dev = q.device
         for rows in length_buckets(own_lens):
             L = max(own_lens[b] for b in rows)
             n = (L + S - 1) // S
-            cols = (torch.tensor([shared[b] for b in rows])[:, None] + torch.arange(n)[None, :])
+            cols = (torch.tensor([shared[b] for b in rows], device=dev)[:, None]
+                    + torch.arange(n, device=dev)[None, :])
             t = table[rows].gather(1, cols.clamp_(max=table.shape[1] - 1))      # [b, n]
             k = pool.gather(layer, 0, t).flatten(1, 2)[:, :L].to(q.dtype)        # [b, L, Hkv, D]
             v = pool.gather(layer, 1, t).flatten(1, 2)[:, :L].to(q.dtype)
-            valid = torch.arange(L)[None, :] < torch.tensor([own_lens[b] for b in rows])[:, None]
+            valid = (torch.arange(L, device=dev)[None, :]
+                     < torch.tensor([own_lens[b] for b in rows], device=dev)[:, None])
             out[rows], lse[rows] = grouped_attention(qg[rows], k, v, valid, scale)
         for rows, n in groups:
             pages = table[rows[0], :n]

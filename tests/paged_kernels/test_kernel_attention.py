@@ -7,6 +7,7 @@ import torch
 from kernel_cases import make_case, rel_err
 
 from kernels import (
+    LaunchConfig,
     choose_num_splits,
     decode_attention,
     decode_attention_ref,
@@ -53,6 +54,26 @@ def test_extend_matches_float64_reference(seq_lens, ext, S, hq, hkv, D):
     args = (c.q, c.k_cache, c.v_cache, c.page_table, c.q_start_loc, c.prefix_lens, c.seq_lens,
             c.scale)
     extend_attention(*args, out=out)
+    assert rel_err(out, extend_attention_ref(*args)) <= 1e-5
+
+
+# small tiles, so query blocks split a sequence's tokens (and, packed, a token's query group)
+# and key blocks split pages: every boundary case of the block loops is crossed
+EXTEND_CONFIGS = [
+    LaunchConfig(block_m=16, block_n=16, num_warps=4, num_stages=2),
+    LaunchConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, pack_gqa=True),
+    LaunchConfig(block_m=32, block_n=64, num_warps=4, num_stages=3, pack_gqa=True),
+]
+
+
+@pytest.mark.parametrize("config", EXTEND_CONFIGS, ids=lambda c: c.label().replace(" ", "-"))
+@pytest.mark.parametrize("seq_lens,ext,S,hq,hkv,D", EXTEND_CASES)
+def test_extend_launch_configs_match_float64_reference(seq_lens, ext, S, hq, hkv, D, config):
+    c = make_case(seq_lens, ext, S, hq, hkv, D, seed=sum(seq_lens) + S + 1)
+    out = torch.full_like(c.q, float("nan"))
+    args = (c.q, c.k_cache, c.v_cache, c.page_table, c.q_start_loc, c.prefix_lens, c.seq_lens,
+            c.scale)
+    extend_attention(*args, out=out, config=config)
     assert rel_err(out, extend_attention_ref(*args)) <= 1e-5
 
 
