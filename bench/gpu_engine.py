@@ -59,7 +59,8 @@ def build_model(tokenizer_dir: Path, out: Path) -> Path:
 
 def run_backend(model: Path, backend: str, dtype: str, prompts: list[str], max_tokens: int,
                 device: str = "cuda"):
-    """Greedy outputs and wall time of one engine (created, warmed up, timed, shut down)."""
+    """Greedy outputs and the wall time of two identical timed passes (cache flushed before
+    each) of one engine, created, warmed up and shut down here."""
     from runtime import Engine, SamplingParams
 
     eng = Engine(model=str(model), attention_backend=backend, device=device, dtype=dtype,
@@ -67,16 +68,25 @@ def run_backend(model: Path, backend: str, dtype: str, prompts: list[str], max_t
     assert eng.backend.name == backend, eng.backend.name
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     eng.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0))  # compile, warm up
-    eng.flush_cache()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    sync()
-    t = time.perf_counter()
-    outs = eng.generate(prompts, params)
-    sync()
-    seconds = time.perf_counter() - t
+    seconds = []
+    for _ in range(2):
+        eng.flush_cache()
+        sync()
+        t = time.perf_counter()
+        outs = eng.generate(prompts, params)
+        sync()
+        seconds.append(time.perf_counter() - t)
     eng.shutdown()
-    tokens = [o.token_ids for o in outs]
-    return tokens, seconds, sum(len(x) for x in tokens)
+    return [o.token_ids for o in outs], seconds
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    """Identical outputs and the mean index of the first differing token (its length if none)."""
+    first = [next((i for i, (x, y) in enumerate(zip(s, t)) if x != y), len(s)) for s, t in
+             zip(a, b)]
+    return {"identical": sum(s == t for s, t in zip(a, b)), "of": len(a),
+            "mean_first_difference": sum(first) / len(first), "min_first_difference": min(first)}
 
 
 def main() -> int:
@@ -87,25 +97,34 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench/gpu_engine.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    result: dict = {"device": torch.cuda.get_device_name(0)}
+    result: dict = {"device": torch.cuda.get_device_name(0), "requests": len(PROMPTS) * 4,
+                    "max_tokens": args.max_tokens}
+    tokens = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(args.tokenizer, Path(tmp))
         for dtype in ("float32", "bfloat16"):
-            runs = {b: run_backend(model, b, dtype, PROMPTS * 4, args.max_tokens)
-                    for b in ("torch", "triton")}
-            same = sum(a == b for a, b in zip(runs["torch"][0], runs["triton"][0]))
-            row = {"requests": len(PROMPTS) * 4, "identical_outputs": same}
-            for b, (_, secs, n) in runs.items():
-                row[b] = {"seconds": secs, "tokens": n, "tok_per_s": n / secs}
-            row["triton_over_torch_throughput"] = row["triton"]["tok_per_s"] / row["torch"]["tok_per_s"]
-            result[dtype] = row
-            print(f"{dtype:9s}: identical greedy outputs {same}/{row['requests']}; tok/s torch "
-                  f"{row['torch']['tok_per_s']:.0f}, triton {row['triton']['tok_per_s']:.0f} "
-                  f"({row['triton_over_torch_throughput']:.2f}x)", flush=True)
+            for backend in ("torch", "triton"):
+                toks, secs = run_backend(model, backend, dtype, PROMPTS * 4, args.max_tokens)
+                tokens[dtype, backend] = toks
+                n = sum(len(t) for t in toks)
+                result[f"{dtype} {backend}"] = {"seconds": secs, "tokens": n,
+                                                "tok_per_s": [n / s for s in secs]}
+                print(f"{dtype:9s} {backend:6s}: {n} tokens, passes "
+                      + ", ".join(f"{s:.2f} s ({n / s:.0f} tok/s)" for s in secs), flush=True)
+    pairs = {"float32 triton vs torch": (("float32", "triton"), ("float32", "torch")),
+             "bfloat16 triton vs torch": (("bfloat16", "triton"), ("bfloat16", "torch")),
+             "bfloat16 torch vs float32 torch": (("bfloat16", "torch"), ("float32", "torch")),
+             "bfloat16 triton vs float32 torch": (("bfloat16", "triton"), ("float32", "torch"))}
+    for name, (a, b) in pairs.items():
+        result[name] = agreement(tokens[a], tokens[b])
+        r = result[name]
+        print(f"{name:34s}: identical {r['identical']}/{r['of']}, first difference at token "
+              f"{r['mean_first_difference']:.1f} on average (earliest {r['min_first_difference']})")
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).parent / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "gpu_engine.json").write_text(json.dumps(result, indent=1))
-    ok = result["float32"]["identical_outputs"] == result["float32"]["requests"]
+    r = result["float32 triton vs torch"]
+    ok = r["identical"] == r["of"]
     print("fp32 greedy outputs triton == torch:", "yes" if ok else "NO")
     return 0 if ok else 1
 

@@ -66,3 +66,17 @@ def quantized(kc, vc, cache_dtype):
     kq, ks = quantize_ref(kc, cache_dtype)
     vq, vs = quantize_ref(vc, cache_dtype)
     return kq, vq, {"k_scale": ks, "v_scale": vs}
+
+
+def graph_ms(fn, device: str) -> float:
+    """Median time of ``fn`` replayed in a CUDA graph (``do_bench_cudagraph``): the kernels'
+    own time without the host's launch cost. NaN on CPU or when ``fn`` cannot be captured."""
+    if device == "cpu":
+        return float("nan")
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        return float(do_bench_cudagraph(fn, rep=40, return_mode="median"))
+    except Exception as e:  # noqa: BLE001 - reported, and the plain timing still stands
+        print(f"  (CUDA-graph timing failed: {type(e).__name__}: {e})", flush=True)
+        return float("nan")

@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 
-from bench.kernel_util import PAGE, bench_ms, extend_inputs, rel_err  # noqa: E402
+from bench.kernel_util import PAGE, bench_ms, extend_inputs, graph_ms, rel_err  # noqa: E402
 
 HEADS = {"smollm2 (9q/3kv, d64)": (9, 3, 64), "llama8b (32q/8kv, d128)": (32, 8, 128)}
 
@@ -96,13 +96,14 @@ def bench_decode(kernels, z: Sizes, ceiling: float, sms: int, configs: dict,
         vc = torch.randn(pages, PAGE, hkv, d, device=dev, dtype=torch.bfloat16)
         elt = kc.element_size()
         print(f"\ndecode attention, {name}, bf16, page {PAGE}, launch {cfg.label()}, split rule "
-              f"{split_rule or 'default'}  (GB/s; % of copy bandwidth)", flush=True)
-        print(f"  {'batch':>5s} " + " ".join(f"{c:>15d}" for c in z.contexts))
+              f"{split_rule or 'default'}", flush=True)
+        print("  GB/s timed with do_bench | in a CUDA graph (kernel only), % of copy bandwidth")
+        print(f"  {'batch':>5s} " + " ".join(f"{c:>19d}" for c in z.contexts))
         for B in z.batches:
             cells = []
             for ctx in z.contexts:
                 if B * ctx > z.max_decode_tokens:
-                    cells.append(f"{'-':>15s}")
+                    cells.append(f"{'-':>19s}")
                     continue
                 n = ctx // PAGE
                 table = torch.randperm(pages, device=dev)[: B * n].view(B, n).int()
@@ -110,16 +111,19 @@ def bench_decode(kernels, z: Sizes, ceiling: float, sms: int, configs: dict,
                 q = torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16)
                 out = torch.empty_like(q)
                 splits = kernels.choose_num_splits(ctx, B, hkv, sms, *(split_rule or ()))
-                ms = bench_ms(lambda: kernels.decode_attention(
+                fn = lambda: kernels.decode_attention(  # noqa: E731
                     q, kc, vc, table, sl, d**-0.5, out=out, max_seq_len=ctx, check_indices=False,
-                    config=cfg, num_splits=splits), dev)
+                    config=cfg, num_splits=splits)
+                ms, g_ms = bench_ms(fn, dev), graph_ms(fn, dev)
                 nbytes = 2 * B * ctx * hkv * d * elt + 2 * B * hq * d * elt + B * n * 4
-                gbs = nbytes / ms / 1e6
+                gbs, g_gbs = nbytes / ms / 1e6, nbytes / g_ms / 1e6
                 rows.append({"heads": name, "batch": B, "context": ctx, "ms": ms, "bytes": nbytes,
                              "GBps": gbs, "pct_of_copy": 100 * gbs / ceiling,
+                             "ms_graph": g_ms, "GBps_graph": g_gbs,
+                             "pct_of_copy_graph": 100 * g_gbs / ceiling,
                              "num_splits": splits,
                              "config": cfg._asdict()})
-                cells.append(f"{gbs:8.0f} ({100 * gbs / ceiling:3.0f}%)")
+                cells.append(f"{gbs:5.0f} | {g_gbs:5.0f} ({100 * g_gbs / ceiling:3.0f}%)")
             print(f"  {B:5d} " + " ".join(cells), flush=True)
         del kc, vc
         if dev == "cuda":
@@ -133,7 +137,8 @@ def bench_extend(kernels, z: Sizes, configs: dict) -> list[dict]:
     dev, rows = z.device, []
     print("\nextend attention vs SDPA on contiguous data, bf16, page 16")
     print(f"  {'heads':24s} {'batch':>5s} {'prefix':>6s} {'new':>5s} {'triton ms':>9s} "
-          f"{'sdpa ms':>8s} {'ratio':>6s} {'TFLOP/s':>7s} {'rel_err':>8s}  launch")
+          f"{'sdpa ms':>8s} {'ratio':>6s} {'graph: triton':>13s} {'sdpa':>6s} {'ratio':>6s} "
+          f"{'TFLOP/s':>7s} {'rel_err':>8s}  launch")
     for name, (hq, hkv, d) in HEADS.items():
         cfg = configs.get(name) or kernels.default_extend_config(d)
         for B, prefix, new in z.extend_cases:
@@ -141,8 +146,9 @@ def bench_extend(kernels, z: Sizes, configs: dict) -> list[dict]:
             args, _ = extend_inputs([prefix] * B, [new] * B, hq, hkv, d, torch.bfloat16, dev)
             q, kc, vc, table = args[:4]
             out = torch.empty_like(q)
-            t_ms = bench_ms(lambda: kernels.extend_attention(
-                *args, out=out, max_extend_len=new, check_indices=False, config=cfg), dev)
+            fn = lambda: kernels.extend_attention(  # noqa: E731
+                *args, out=out, max_extend_len=new, check_indices=False, config=cfg)
+            t_ms, tg_ms = bench_ms(fn, dev), graph_ms(fn, dev)
             # the same data, contiguous: [B, Hq, L, D], K/V expanded to the query heads
             pages = table[:, : -(-ctx // PAGE)].long()
             k = kc[pages].flatten(1, 2)[:, :ctx].transpose(1, 2).repeat_interleave(hq // hkv, 1)
@@ -155,15 +161,18 @@ def bench_extend(kernels, z: Sizes, configs: dict) -> list[dict]:
                 mask = (torch.arange(ctx, device=dev)[None, :]
                         <= prefix + torch.arange(new, device=dev)[:, None])
                 sdpa = lambda: F.scaled_dot_product_attention(qc, k, v, attn_mask=mask)  # noqa: E731
-            s_ms = bench_ms(sdpa, dev)
+            s_ms, sg_ms = bench_ms(sdpa, dev), graph_ms(sdpa, dev)
             err = rel_err(out.view(B, new, hq, d).transpose(1, 2), sdpa())
             pairs = B * (prefix * new + new * (new + 1) / 2)
-            tflops = 4 * pairs * hq * d / t_ms / 1e9
+            tflops = 4 * pairs * hq * d / min(t_ms, tg_ms) / 1e9
             rows.append({"heads": name, "batch": B, "prefix": prefix, "new": new,
                          "triton_ms": t_ms, "sdpa_ms": s_ms, "ratio": t_ms / s_ms,
+                         "triton_graph_ms": tg_ms, "sdpa_graph_ms": sg_ms,
+                         "ratio_graph": tg_ms / sg_ms,
                          "TFLOPs": tflops, "rel_err_vs_sdpa": err, "config": cfg._asdict()})
             print(f"  {name:24s} {B:5d} {prefix:6d} {new:5d} {t_ms:9.3f} {s_ms:8.3f} "
-                  f"{t_ms / s_ms:6.2f} {tflops:7.1f} {err:8.1e}  {cfg.label()}", flush=True)
+                  f"{t_ms / s_ms:6.2f} {tg_ms:13.3f} {sg_ms:6.3f} {tg_ms / sg_ms:6.2f} "
+                  f"{tflops:7.1f} {err:8.1e}  {cfg.label()}", flush=True)
             del kc, vc, k, v, args, q
     return rows
 

@@ -134,10 +134,12 @@ def quantize_rows(x, QMAX: tl.constexpr, IS_FP8: tl.constexpr, M: tl.constexpr,
     """``x`` [R, C] fp32 (padding lanes 0) -> (values to store [R, C] int8 or uint8 fp8 bits,
     scales [R] fp32, each exactly representable in fp16)."""
     absmax = tl.max(tl.abs(x), 1)                                           # [R]
-    s = tl.fdiv(absmax, tl.full(absmax.shape, QMAX, tl.float32), ieee_rounding=True)
+    # correctly rounded divisions (div.rn): `/` and tl.fdiv compile to an approximate divide,
+    # which misses the reference's round-to-nearest-even on exact fp8 ties
+    s = tl.math.div_rn(absmax, tl.full(absmax.shape, QMAX, tl.float32))
     s = tl.minimum(tl.maximum(s, 2.0**-14), 65504.0)
     s = _round_mantissa(s.to(tl.int32, bitcast=True), 10).to(tl.float32, bitcast=True)
-    y = tl.fdiv(x, tl.broadcast_to(s[:, None], x.shape), ieee_rounding=True)
+    y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
     y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
     if IS_FP8:
         q = _fp8_bits(y, M, B)

@@ -152,9 +152,14 @@ def choose_num_splits(max_seq_len: int, batch: int, kv_heads: int, num_sms: int,
 
 
 def default_decode_config(head_dim: int) -> LaunchConfig:
-    """The launch the wrapper uses unless given one (``bench/kernels.py --sweep`` times others)."""
-    return LaunchConfig(block_n=64 if next_pow2(head_dim, 16) <= 128 else 32, num_warps=4,
-                        num_stages=2)
+    """The launch the wrapper uses unless given one: the fastest of ``bench/kernels.py``'s sweep
+    on an H200 for head_dim 64 and 128 (docs/benchmarks.md); larger head dims are untimed."""
+    block_d = next_pow2(head_dim, 16)
+    if block_d <= 64:
+        return LaunchConfig(block_n=64, num_warps=2, num_stages=3)
+    if block_d <= 128:
+        return LaunchConfig(block_n=32, num_warps=2, num_stages=3)
+    return LaunchConfig(block_n=32, num_warps=4, num_stages=2)
 
 
 def decode_attention(

@@ -163,15 +163,16 @@ def _extend_kernel(
 
 
 def default_extend_config(head_dim: int, interpreted: bool = False) -> LaunchConfig:
-    """The launch the wrapper uses unless given one (``bench/kernels.py --sweep`` times others);
-    small tiles under the interpreter, whose cost grows with the tile."""
+    """The launch the wrapper uses unless given one: the fastest of ``bench/kernels.py``'s sweep
+    on an H200 for head_dim 64 and 128 (docs/benchmarks.md; GQA packing gained nothing there);
+    larger head dims are untimed; small tiles under the interpreter, whose cost grows with the
+    tile."""
     if interpreted:
         return LaunchConfig(block_m=32, block_n=32, num_warps=4, num_stages=2)
     block_d = next_pow2(head_dim, 16)
     if block_d > 128:
         return LaunchConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
-    return LaunchConfig(block_m=128, block_n=64, num_warps=4 if block_d <= 64 else 8,
-                        num_stages=2)
+    return LaunchConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
 
 
 def extend_attention(
