@@ -17,10 +17,9 @@ from bench.kernel_util import PAGE, bench_ms, extend_inputs
 DECODE_CANDIDATES = ((64, 4, 2), (64, 4, 4), (128, 4, 2), (128, 8, 3), (32, 2, 3), (32, 2, 4),
                      (64, 2, 3), (64, 2, 4))
 # (block_m, block_n, num_warps, num_stages, pack_gqa)
-EXTEND_CANDIDATES = ((128, 64, 4, 2, False), (128, 64, 8, 2, False), (64, 64, 4, 3, False),
-                     (64, 64, 4, 4, False), (128, 64, 8, 3, False), (128, 128, 8, 3, False),
-                     (64, 64, 4, 3, True), (128, 64, 4, 3, True), (128, 64, 8, 3, True),
-                     (128, 128, 8, 2, True), (64, 128, 4, 3, True), (128, 64, 8, 4, True))
+EXTEND_CANDIDATES = ((64, 64, 4, 3, False), (64, 64, 4, 4, False), (128, 64, 8, 3, False),
+                     (128, 128, 8, 3, False), (64, 128, 4, 3, False), (128, 64, 4, 3, False),
+                     (64, 32, 4, 3, False), (64, 64, 4, 3, True))
 
 
 def decode_cell_ms(kernels, hq, hkv, d, batch, ctx, dev, config, num_splits=None) -> float:
@@ -46,9 +45,11 @@ def extend_cell_ms(kernels, hq, hkv, d, batch, prefix, new, dev, config) -> floa
 
 
 def sweep(kernels, heads: dict, decode_cells, extend_cells, check_len: int, dev: str,
-          log: CheckLog, limit: int | None = None) -> dict:
+          log: CheckLog, limit: int | None = None,
+          which: tuple[str, ...] = ("decode", "extend")) -> dict:
     """Returns ``{"decode": {head name: best}, "extend": {...}, "rows": [...]}``, each best a
-    ``kernels.LaunchConfig``; ``limit`` keeps the first candidates only (smoke runs)."""
+    ``kernels.LaunchConfig``, for the kernels in ``which``; ``limit`` keeps the first
+    candidates only (smoke runs)."""
     gen = torch.Generator(device=dev).manual_seed(1)
     rows, best = [], {"decode": {}, "extend": {}}
     kinds = {
@@ -60,6 +61,8 @@ def sweep(kernels, heads: dict, decode_cells, extend_cells, check_len: int, dev:
                    extend_cells, kernels.default_extend_config),
     }
     for kind, (candidates, cells, default) in kinds.items():
+        if kind not in which:
+            continue
         print(f"\n{kind} launch sweep, bf16 (ms per cell; geometric mean relative to the default)",
               flush=True)
         for name, (hq, hkv, d) in heads.items():

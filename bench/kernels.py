@@ -47,6 +47,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench.kernel_util import PAGE, bench_ms, extend_inputs, graph_ms, rel_err  # noqa: E402
 
+SECTIONS = ("checks", "ceiling", "sweep-decode", "sweep-extend", "sweep-splits", "decode",
+            "extend", "kv")
 HEADS = {"smollm2 (9q/3kv, d64)": (9, 3, 64), "llama8b (32q/8kv, d128)": (32, 8, 128)}
 
 
@@ -215,6 +217,8 @@ def main() -> int:
                     help="run the script on CPU under the Triton interpreter with tiny sizes")
     ap.add_argument("--no-sweep", action="store_true",
                     help="time the wrappers' default launch configurations only")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     opts = ap.parse_args()
     if opts.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before kernels (and its @triton.jit) is imported
@@ -263,14 +267,16 @@ def main() -> int:
         print(f"\ndevice copy bandwidth ({z.copy_bytes >> 20} MiB D2D, read + write): "
               f"{state['ceiling']:.0f} GB/s", flush=True)
 
-    def launch_sweep() -> None:
+    def launch_sweep(which: tuple[str, ...]) -> None:
         log = CheckLog()
         best = sweep(kernels, HEADS, z.sweep_decode, z.sweep_extend, z.check_len, z.device, log,
-                     z.sweep_limit)
+                     z.sweep_limit, which)
         result["checks"] = result["checks"] + list(log)
-        result["sweep"] = best.pop("rows")
-        result["chosen"] = {k: {h: c._asdict() for h, c in v.items()} for k, v in best.items()}
-        state["best"] = best
+        result.setdefault("sweep", []).extend(best.pop("rows"))
+        for kind in which:
+            state["best"][kind] = best[kind]
+        result["chosen"] = {k: {h: c._asdict() for h, c in v.items()}
+                            for k, v in state["best"].items()}
 
     def split_sweep() -> None:
         rule, rows = sweep_splits(kernels, HEADS, state["best"]["decode"], z.batches,
@@ -280,17 +286,25 @@ def main() -> int:
         result["chosen_split_rule"] = {"waves": rule[0], "min_tokens": rule[1]}
         state["split_rule"] = rule
 
-    sections = [("checks", checks), ("copy bandwidth", ceiling)]
-    if not opts.no_sweep:
-        sections += [("launch sweep", launch_sweep), ("split sweep", split_sweep)]
-    sections += [
-        ("decode", lambda: result.__setitem__("decode", bench_decode(
-            kernels, z, state["ceiling"], sms, state["best"]["decode"], state["split_rule"]))),
-        ("extend", lambda: result.__setitem__("extend", bench_extend(
-            kernels, z, state["best"]["extend"]))),
-        ("kv ops", lambda: result.__setitem__("kv_ops", bench_kv_ops(
-            kernels, z, state["ceiling"]))),
-    ]
+    sections = {
+        "checks": checks,
+        "ceiling": ceiling,
+        "sweep-decode": lambda: launch_sweep(("decode",)),
+        "sweep-extend": lambda: launch_sweep(("extend",)),
+        "sweep-splits": split_sweep,
+        "decode": lambda: result.__setitem__("decode", bench_decode(
+            kernels, z, state["ceiling"], sms, state["best"]["decode"], state["split_rule"])),
+        "extend": lambda: result.__setitem__("extend", bench_extend(
+            kernels, z, state["best"]["extend"])),
+        "kv": lambda: result.__setitem__("kv_ops", bench_kv_ops(kernels, z, state["ceiling"])),
+    }
+    chosen = opts.sections.split(",")
+    if opts.no_sweep:
+        chosen = [c for c in chosen if not c.startswith("sweep")]
+    unknown = sorted(set(chosen) - set(sections))
+    if unknown:
+        ap.error(f"--sections: unknown {unknown}; choose from {','.join(SECTIONS)}")
+    sections = [(name, sections[name]) for name in SECTIONS if name in chosen]
     for title, section in sections:
         try:
             section()

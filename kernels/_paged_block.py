@@ -59,8 +59,9 @@ def online_softmax_step(
         slot_s = page * stride_vsp + (n % PAGE_SIZE) * stride_vss + kvh * stride_vvh_s
         v = v.to(tl.float32) * tl.load(VScale + slot_s, mask=mask_n, other=0.0).to(
             tl.float32)[:, None]
+    acc = acc * alpha[:, None]  # rescaled, then accumulated into by the dot itself
     if DOT_F32:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
     else:
-        pv = tl.dot(p.to(Q.dtype.element_ty), v.to(Q.dtype.element_ty))
-    return m_new, l_i, acc * alpha[:, None] + pv
+        acc = tl.dot(p.to(Q.dtype.element_ty), v.to(Q.dtype.element_ty), acc)
+    return m_new, l_i, acc

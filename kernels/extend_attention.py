@@ -88,9 +88,11 @@ def _extend_kernel(
     QUANT: tl.constexpr,  # 8-bit cache: dequantize K/V with their per-token scales after load
     PACK_GQA: tl.constexpr,
 ):
-    mblk = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    b = tl.program_id(2)
+    # grid (heads, sequences, query blocks), the last query blocks (the most keys under a causal
+    # mask) first: the longest programs start early and the short ones fill the tail
+    pid_h = tl.program_id(0)
+    b = tl.program_id(1)
+    mblk = tl.num_programs(2) - 1 - tl.program_id(2)
 
     q_start = tl.load(QStartLoc + b)
     ext_len = tl.load(QStartLoc + b + 1) - q_start
@@ -262,9 +264,12 @@ def extend_attention(
     ks = k_scale if quant else k_cache  # unused pointers when not quantized
     vs = v_scale if quant else v_cache
     if cfg.pack_gqa:
-        grid = (triton.cdiv(max_extend_len * group, cfg.block_m), Hkv, B)
+        grid = (Hkv, B, triton.cdiv(max_extend_len * group, cfg.block_m))
     else:
-        grid = (triton.cdiv(max_extend_len, cfg.block_m), Hq, B)
+        grid = (Hq, B, triton.cdiv(max_extend_len, cfg.block_m))
+    if max(grid[1:]) > 65535:  # CUDA's limit on the grid's y and z dimensions
+        raise ValueError(f"extend_attention launches at most 65535 sequences and query blocks; "
+                         f"got {B} sequences and {grid[2]} blocks of {cfg.block_m} rows")
     _extend_kernel[grid](
         q, k_cache, v_cache, ks, vs, page_table, q_start_loc, prefix_lens, seq_lens, out,
         float(sm_scale) * LOG2E,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from kernel_cases import make_case
 
-from kernels import copy_pages, decode_attention, extend_attention, store_kv
+from kernels import LaunchConfig, copy_pages, decode_attention, extend_attention, store_kv
 
 
 def _decode_args(**over):
@@ -48,6 +48,14 @@ def _bad_decode_cases():
         ({"v_cache": c.v_cache[:-1]}, "v_cache must have shape"),
         ({"page_table": c.page_table[:1]}, "page_table must have 2 rows"),
         ({"sm_scale": float("nan")}, "sm_scale must be a finite float"),
+        ({"config": (64, 4, 2)}, "config must be a kernels.LaunchConfig"),
+        ({"config": LaunchConfig(block_n=48, num_warps=4, num_stages=2)},
+         r"config.block_n must be a power of two in \[16, 256\], got 48"),
+        ({"config": LaunchConfig(block_n=8, num_warps=4, num_stages=2)}, "config.block_n"),
+        ({"config": LaunchConfig(block_n=64, num_warps=3, num_stages=2)},
+         "config.num_warps must be one of 1, 2, 4, 8, 16, got 3"),
+        ({"config": LaunchConfig(block_n=64, num_warps=4, num_stages=0)},
+         r"config.num_stages must be in \[1, 8\], got 0"),
     ]
 
 
@@ -130,3 +138,16 @@ def test_cpu_launch_without_interpreter_is_a_clear_error():
     assert res.returncode == 0, res.stderr
     assert "ERR Triton kernels need CUDA tensors" in res.stdout
     assert "TRITON_INTERPRET=1" in res.stdout
+
+
+def test_extend_refuses_a_grid_cuda_cannot_launch():
+    B = 65536  # one token each: the grid's sequence dimension would exceed CUDA's 65535
+    q = torch.randn(B, 2, 64)
+    cache = torch.randn(4, 16, 1, 64)
+    table = torch.zeros(B, 1, dtype=torch.int32)
+    ones = torch.ones(B, dtype=torch.int32)
+    starts = torch.arange(B + 1, dtype=torch.int32)
+    out = torch.full_like(q, float("nan"))
+    with pytest.raises(ValueError, match="at most 65535 sequences and query blocks; got 65536"):
+        extend_attention(q, cache, cache, table, starts, ones * 0, ones, 0.125, out=out)
+    assert out.isnan().all()
