@@ -37,18 +37,21 @@ PROMPTS = [
      range(12)]
 
 
-def build_model(tokenizer_dir: Path, out: Path) -> Path:
-    """A random Llama with SmolLM2-135M's head layout, saved beside the tokenizer files."""
+SMOLLM2_SHAPES = dict(hidden_size=576, num_hidden_layers=8, num_attention_heads=9,
+                      num_key_value_heads=3, head_dim=64, intermediate_size=1536,
+                      max_position_embeddings=8192, tie_word_embeddings=True)
+
+
+def random_llama(tokenizer_dir: Path, out: Path, seed: int = 0, **shapes) -> Path:
+    """Save a random-weight Llama (``shapes``: LlamaConfig fields; default SmolLM2-135M's head
+    layout with 8 layers) and ``tokenizer_dir``'s tokenizer files into ``out``. A wide
+    initialisation (0.2) gives peaked logits, so greedy choices are far from ties."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    cfg = LlamaConfig(
-        hidden_size=576, num_hidden_layers=8, num_attention_heads=9, num_key_value_heads=3,
-        head_dim=64, intermediate_size=1536, vocab_size=len(tok), max_position_embeddings=8192,
-        initializer_range=0.2, tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
+    cfg = LlamaConfig(**{**SMOLLM2_SHAPES, **shapes}, vocab_size=len(tok), initializer_range=0.2,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(seed)
     LlamaForCausalLM(cfg).save_pretrained(out)
     for f in tokenizer_dir.iterdir():
         if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json",
@@ -101,7 +104,7 @@ def main() -> int:
                     "max_tokens": args.max_tokens}
     tokens = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_model(args.tokenizer, Path(tmp))
+        model = random_llama(args.tokenizer, Path(tmp))
         for dtype in ("float32", "bfloat16"):
             for backend in ("torch", "triton"):
                 toks, secs = run_backend(model, backend, dtype, PROMPTS * 4, args.max_tokens)

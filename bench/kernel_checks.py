@@ -30,14 +30,9 @@ def decode_case(kernels, log: CheckLog, hq, hkv, d, page, dtype, check_len, gen,
     kc, vc, table, sl = paged_context(lens, hkv, d, dtype, dev, page, gen)
     kc, vc, scales = quantized(kc, vc, cache_dtype)
     q = torch.randn(16, hq, d, device=dev, generator=gen).to(dtype)
-    args = (q, kc, vc, table, sl, d**-0.5)
-    out = torch.full(q.shape, float("nan"), dtype=dtype, device=dev)
-    kernels.decode_attention(*args, out=out, config=config, **scales)
-    ref = kernels.decode_attention_ref(*args, **scales)
-    tol = TOL[dtype] if cache_dtype is None else TOL[dtype] * 2
-    cache = "" if cache_dtype is None else f" cache {str(cache_dtype)[6:]}"
-    return log.record(f"decode {hq}/{hkv} d{d} page{page} {str(dtype)[6:]}{cache}{label}",
-                      rel_err(out, ref), tol)
+    return check_attention(log, f"decode {hq}/{hkv} d{d} page{page}", kernels.decode_attention,
+                           kernels.decode_attention_ref, (q, kc, vc, table, sl, d**-0.5),
+                           scales, config, cache_dtype, label)
 
 
 def extend_case(kernels, log: CheckLog, hq, hkv, d, dtype, check_len, gen, dev,
@@ -47,13 +42,21 @@ def extend_case(kernels, log: CheckLog, hq, hkv, d, dtype, check_len, gen, dev,
     ext = [check_len // 6, 1, check_len // 8 + 1, check_len // 16]
     args, scales = extend_inputs(prefix, ext, hq, hkv, d, dtype, dev, gen=gen,
                                  cache_dtype=cache_dtype)
-    out = torch.full(args[0].shape, float("nan"), dtype=dtype, device=dev)
-    kernels.extend_attention(*args, out=out, config=config, **scales)
-    ref = kernels.extend_attention_ref(*args, **scales)
-    tol = TOL[dtype] if cache_dtype is None else TOL[dtype] * 2
+    return check_attention(log, f"extend {hq}/{hkv} d{d} page16", kernels.extend_attention,
+                           kernels.extend_attention_ref, args, scales, config, cache_dtype, label)
+
+
+def check_attention(log: CheckLog, what: str, kernel, ref, args, scales, config, cache_dtype,
+                    label) -> bool:
+    """Run ``kernel`` into a NaN-poisoned output and record its error against ``ref`` (the
+    tolerance of the query dtype, doubled over an 8-bit cache)."""
+    q = args[0]
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
+    kernel(*args, out=out, config=config, **scales)
+    tol = TOL[q.dtype] if cache_dtype is None else TOL[q.dtype] * 2
     cache = "" if cache_dtype is None else f" cache {str(cache_dtype)[6:]}"
-    return log.record(f"extend {hq}/{hkv} d{d} page16 {str(dtype)[6:]}{cache}{label}",
-                      rel_err(out, ref), tol)
+    return log.record(f"{what} {str(q.dtype)[6:]}{cache}{label}",
+                      rel_err(out, ref(*args, **scales)), tol)
 
 
 def run_checks(kernels, check_len: int, dev: str) -> CheckLog:

@@ -90,25 +90,52 @@ def serve(d: dict, ax) -> str:
 
 
 def kernels(d: dict, ax) -> str:
-    rows = [r for r in d.get("decode", []) if "gbps" in r]
+    """Decode: kernel-only % of the device's copy bandwidth against context, per batch."""
+    rows = [r for r in d["decode"] if "pct_of_copy_graph" in r]
     if not rows:
-        raise KeyError("no decode rows")
-    labels = [f"B{r['batch']}\n{r['context'] // 1024}k" for r in rows][:12]
-    bars(ax, labels, {"decode GB/s": [r["gbps"] for r in rows][:12]}, "GB/s", fmt="{:.0f}")
-    return "Triton paged decode attention"
+        raise KeyError("decode rows with CUDA-graph timings")
+    styles = {name: ls for name, ls in zip(sorted({r["heads"] for r in rows}), ("-", "--"))}
+    for (heads, ls) in styles.items():
+        for i, batch in enumerate((1, 8, 32, 128)):
+            pts = sorted((r["context"], r["pct_of_copy_graph"]) for r in rows
+                         if r["heads"] == heads and r["batch"] == batch)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, marker="o", markersize=3,
+                    color=f"C{i}", label=f"{heads.split(' ')[0]}, batch {batch}")
+    ax.axhline(60, color="grey", lw=0.8, ls=":")
+    ax.text(rows[0]["context"], 55, "target 60 % (batch ≥ 32, context ≥ 4k)", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context tokens per sequence")
+    ax.set_ylabel("% of copy bandwidth")
+    ax.legend(fontsize=7, ncol=2)
+    ax.spines[["top", "right"]].set_visible(False)
+    return f"Paged decode attention, {d['device']} (kernel time, CUDA graph)"
 
 
-CHARTS: dict[str, Callable[[dict, plt.Axes], str]] = {
-    "throughput": throughput, "programs": programs, "kv_memory": kv_memory,
-    "kv_quant": kv_quant, "structured": structured, "serve": serve, "kernels": kernels,
+def kernels_extend(d: dict, ax) -> str:
+    """Extend: kernel time over SDPA's on the same data (CUDA-graph timings)."""
+    rows = d["extend"]
+    labels = [f"{r['heads'].split(' ')[0]}\n{r['batch']}×{r['new']}"
+              + (f"\n+{r['prefix']} cached" if r["prefix"] else "") for r in rows]
+    bars(ax, labels, {"triton / SDPA time": [r["ratio_graph"] for r in rows]}, "time ratio",
+         fmt="{:.2f}")
+    ax.axhline(1.5, color="grey", lw=0.8, ls=":")
+    return f"Paged extend attention vs SDPA, {d['device']} (target ≤ 1.5)"
+
+
+# chart name -> (the JSON it reads, its drawing function)
+CHARTS: dict[str, tuple[str, Callable[[dict, plt.Axes], str]]] = {
+    "throughput": ("throughput", throughput), "programs": ("programs", programs),
+    "kv_memory": ("kv_memory", kv_memory), "kv_quant": ("kv_quant", kv_quant),
+    "structured": ("structured", structured), "serve": ("serve", serve),
+    "kernels": ("kernels", kernels), "kernels_extend": ("kernels", kernels_extend),
 }
 
 
 def plot_all(results: Path, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, draw in CHARTS.items():
-        src = results / f"{name}.json"
+    for name, (source, draw) in CHARTS.items():
+        src = results / f"{source}.json"
         if not src.exists():
             continue
         fig, ax = plt.subplots(figsize=(8, 4.2))

@@ -174,7 +174,9 @@ def default_extend_config(head_dim: int, interpreted: bool = False) -> LaunchCon
     block_d = next_pow2(head_dim, 16)
     if block_d > 128:
         return LaunchConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
-    return LaunchConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
+    if block_d <= 64:
+        return LaunchConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)
+    return LaunchConfig(block_m=64, block_n=32, num_warps=4, num_stages=3)
 
 
 def extend_attention(

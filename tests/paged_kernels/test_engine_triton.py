@@ -3,10 +3,7 @@ interpreter on CPU) equal those with the ``torch`` backend, for a tiny random-we
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-import torch
 
 from runtime import Engine, SamplingParams
 from runtime.model_loader import resolve_model
@@ -14,24 +11,13 @@ from runtime.model_loader import resolve_model
 
 @pytest.fixture(scope="module")
 def tiny_llama_dir(tmp_path_factory):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from bench.gpu_engine import random_llama
 
-    src = resolve_model().path
-    tok = AutoTokenizer.from_pretrained(src)
-    cfg = LlamaConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, vocab_size=len(tok), max_position_embeddings=512,
-        initializer_range=0.2,  # peaked logits: greedy choices are far from ties
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    return random_llama(
+        resolve_model().path, tmp_path_factory.mktemp("tiny_llama"), hidden_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
     )
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny_llama")
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    for f in src.iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json",
-                                                         "chat_template.jinja"):
-            shutil.copy(f, out / f.name)
-    return out
 
 
 @pytest.mark.slow
