@@ -12,12 +12,13 @@ before :mod:`kernels` is first imported.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
-from kernels._quant import QUANT_DTYPES
+from kernels._quant import QUANT_DTYPES, check_scale
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CACHE_DTYPES = FLOAT_DTYPES + QUANT_DTYPES   # KV cache storage: float, or 8-bit with scales
@@ -69,6 +70,62 @@ def check_tensor(
     if t.numel() > 0 and t.stride(-1) != 1:
         raise ValueError(f"{name} must have unit stride in its last dim, got strides {t.stride()}")
     return t
+
+
+class CacheGeometry(NamedTuple):
+    """What the attention wrappers read off a validated paged KV cache."""
+
+    num_pages: int
+    page_size: int
+    kv_heads: int
+    group: int  # query heads per KV head
+
+
+def check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale) -> CacheGeometry:
+    """Checks both attention wrappers make: ``q [..., Hq, D]`` (3 dims) float; ``k_cache,
+    v_cache [P, S, Hkv, D]`` of one shape and dtype on q's device, with ``k_scale, v_scale``
+    exactly when the cache is 8-bit; ``Hq`` a multiple of ``Hkv``."""
+    check_tensor("q", q, 3, FLOAT_DTYPES, None)
+    D = q.shape[2]
+    P, S, Hkv, Dk = check_kv_cache(k_cache, v_cache, k_scale, v_scale, q.device)
+    if Dk != D:
+        raise ValueError(f"q head_dim {D} must match the cache's head_dim {Dk}")
+    return CacheGeometry(P, S, Hkv, check_head_dims(q.shape[1], Hkv, D))
+
+
+def check_kv_cache(k_cache, v_cache, k_scale, v_scale, device) -> torch.Size:
+    """``k_cache, v_cache [P, S, Hkv, D]`` of one shape and dtype on ``device``, with their
+    scales exactly when 8-bit; returns the shape."""
+    check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, device)
+    check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, device)
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache dtype {v_cache.dtype} must match k_cache dtype {k_cache.dtype}")
+    check_scale("k_scale", k_scale, k_cache, "k_cache")
+    check_scale("v_scale", v_scale, v_cache, "v_cache")
+    return k_cache.shape
+
+
+def checked_out(out: torch.Tensor | None, q: torch.Tensor, sm_scale: object) -> torch.Tensor:
+    """The output buffer (allocated like ``q`` when None, else checked to match it) after
+    checking that ``sm_scale`` is a finite number."""
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    check_tensor("out", out, 3, FLOAT_DTYPES, q.device)
+    check_shape("out", out, tuple(q.shape))
+    if not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be a finite float, got {sm_scale!r}")
+    return out
+
+
+def context_ref(kd: torch.Tensor, vd: torch.Tensor, table_row: torch.Tensor, n: int,
+                group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The references' gather: K and V ``[n, Hq, D]`` of the sequence whose pages are
+    ``table_row`` in the caches ``kd, vd [P, S, Hkv, D]``, KV heads repeated ``group`` times."""
+    pages = table_row[: -(-n // kd.shape[1])].long()
+    k = kd[pages].flatten(0, 1)[:n].repeat_interleave(group, dim=1)
+    v = vd[pages].flatten(0, 1)[:n].repeat_interleave(group, dim=1)
+    return k, v
 
 
 def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:

@@ -16,29 +16,27 @@ position skip the causal mask.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels._common import (
-    CACHE_DTYPES,
-    FLOAT_DTYPES,
     LaunchConfig,
-    check_head_dims,
+    check_attention_inputs,
     check_launch_config,
     check_launchable,
     check_ranges,
     check_shape,
     check_tensor,
+    checked_out,
+    context_ref,
     is_interpreted,
     next_pow2,
     page_table_checks,
     use_fp32_dot,
 )
 from kernels._paged_block import online_softmax_step, paged_qk_block
-from kernels._quant import check_scale, dequantize_ref, quant_spec
+from kernels._quant import dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
 
@@ -210,20 +208,9 @@ def extend_attention(
     dequantized right after each load. ``config`` overrides the launch
     (:func:`default_extend_config`).
     """
-    check_tensor("q", q, 3, FLOAT_DTYPES, None)
+    P, S, Hkv, group = check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale)
     dev = q.device
     T, Hq, D = q.shape
-    check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, dev)
-    check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, dev)
-    P, S, Hkv, Dk = k_cache.shape
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    if v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"v_cache dtype {v_cache.dtype} must match k_cache dtype {k_cache.dtype}")
-    if Dk != D:
-        raise ValueError(f"q head_dim {D} must match the cache's head_dim {Dk}")
-    check_scale("k_scale", k_scale, k_cache, "k_cache")
-    check_scale("v_scale", v_scale, v_cache, "v_cache")
-    group = check_head_dims(Hq, Hkv, D)
     check_tensor("page_table", page_table, 2, (torch.int32,), dev, contiguous=True)
     B = page_table.shape[0]
     check_tensor("q_start_loc", q_start_loc, 1, (torch.int32,), dev, contiguous=True)
@@ -232,12 +219,7 @@ def extend_attention(
     check_shape("prefix_lens", prefix_lens, (B,))
     check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev, contiguous=True)
     check_shape("seq_lens", seq_lens, (B,))
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    check_tensor("out", out, 3, FLOAT_DTYPES, dev)
-    check_shape("out", out, (T, Hq, D))
-    if not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale must be a finite float, got {sm_scale!r}")
+    out = checked_out(out, q, sm_scale)
     check_launchable(_extend_kernel, dev)
     if B == 0 or T == 0:
         return out
@@ -308,7 +290,7 @@ def extend_attention_ref(
     """float64 reference of :func:`extend_attention`: [T, Hq, D] float64 (an 8-bit cache is
     dequantized exactly, in float64)."""
     T, Hq, D = q.shape
-    S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    Hkv = k_cache.shape[2]
     kd, vd = dequantize_ref(k_cache, k_scale), dequantize_ref(v_cache, v_scale)  # [P, S, Hkv, D]
     out = torch.empty(T, Hq, D, dtype=torch.float64, device=q.device)
     starts = q_start_loc.tolist()
@@ -316,9 +298,7 @@ def extend_attention_ref(
         s, e, p0, n = starts[b], starts[b + 1], int(prefix_lens[b]), int(seq_lens[b])
         if e == s:
             continue
-        pages = page_table[b, : -(-n // S)].long()
-        k = kd[pages].flatten(0, 1)[:n].repeat_interleave(Hq // Hkv, dim=1)
-        v = vd[pages].flatten(0, 1)[:n].repeat_interleave(Hq // Hkv, dim=1)
+        k, v = context_ref(kd, vd, page_table[b], n, Hq // Hkv)           # [n, Hq, D]
         scores = torch.einsum("thd,nhd->htn", q[s:e].double(), k) * sm_scale  # [Hq, e-s, n]
         q_pos = torch.arange(p0, p0 + e - s, device=q.device)
         visible = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]

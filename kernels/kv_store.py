@@ -13,15 +13,15 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    CACHE_DTYPES,
     FLOAT_DTYPES,
+    check_kv_cache,
     check_launchable,
     check_ranges,
     check_shape,
     check_tensor,
     next_pow2,
 )
-from kernels._quant import check_scale, quant_spec, quantize_ref, quantize_rows
+from kernels._quant import quant_spec, quantize_ref, quantize_rows
 
 
 @triton.jit
@@ -87,14 +87,7 @@ def store_kv(
     T, H, D = k.shape
     check_tensor("v", v, 3, FLOAT_DTYPES, dev)
     check_shape("v", v, (T, H, D))
-    check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, dev)
-    check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, dev)
-    P, S, Hc, Dc = k_cache.shape
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    if v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"v_cache dtype {v_cache.dtype} must match k_cache dtype {k_cache.dtype}")
-    check_scale("k_scale", k_scale, k_cache, "k_cache")
-    check_scale("v_scale", v_scale, v_cache, "v_cache")
+    P, S, Hc, Dc = check_kv_cache(k_cache, v_cache, k_scale, v_scale, dev)
     if (Hc, Dc) != (H, D):
         raise ValueError(f"k/v have [*, {H}, {D}] heads x head_dim, the cache [*, *, {Hc}, {Dc}]")
     check_tensor("slot_mapping", slot_mapping, 1, (torch.int64,), dev, contiguous=True)
