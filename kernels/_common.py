@@ -174,7 +174,8 @@ class LaunchConfig(NamedTuple):
     block_n: keys per inner-loop block; block_m: query rows per program (extend only; decode
     programs hold one KV head's query group); num_warps, num_stages: Triton launch options;
     pack_gqa (extend only): a program's rows are (token, query head) pairs of one KV head's
-    group, so K/V tiles are loaded once per group.
+    group, so K/V tiles are loaded once per group; tma (extend only, with ``k_new, v_new``): the
+    new tokens' K/V tiles load through TMA tensor descriptors instead of per-row pointers.
     """
 
     block_n: int
@@ -182,10 +183,12 @@ class LaunchConfig(NamedTuple):
     num_stages: int
     block_m: int = 16  # decode: unused
     pack_gqa: bool = False  # extend only: rows = (token, head) pairs of a KV head's group
+    tma: bool = False       # extend only: the new tokens' K/V tiles through tensor descriptors
 
     def label(self) -> str:
         pack = " packed" if self.pack_gqa else ""
-        return f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}{pack}"
+        tma = " tma" if self.tma else ""
+        return f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}{pack}{tma}"
 
 
 def check_launch_config(config: LaunchConfig) -> LaunchConfig:
@@ -200,6 +203,9 @@ def check_launch_config(config: LaunchConfig) -> LaunchConfig:
         raise ValueError(f"config.num_warps must be one of 1, 2, 4, 8, 16, got {config.num_warps}")
     if not 1 <= config.num_stages <= 8:
         raise ValueError(f"config.num_stages must be in [1, 8], got {config.num_stages}")
+    for name in ("pack_gqa", "tma"):
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"config.{name} must be True or False, got {getattr(config, name)!r}")
     return config
 
 

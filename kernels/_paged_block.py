@@ -1,7 +1,8 @@
 """The inner steps both paged attention kernels (decode and extend) share, for one block of
 keys: read the block's K through the page table and score it (``paged_qk_block``), then fold the
 block into a running flash-attention softmax with its V (``online_softmax_step``). 8-bit caches
-are dequantized right after each load.
+are dequantized right after each load. The dots and the softmax step themselves (``qk_dot``,
+``softmax_pv``) also serve K/V tiles read from elsewhere.
 
 K, V and the query rows stay in their storage dtype until the dot: with ``DOT_F32`` they are
 widened to fp32 right after the load (always so under the interpreter, whose bf16 arithmetic is
@@ -32,11 +33,15 @@ def paged_qk_block(
         slot_s = page * stride_ksp + (n % PAGE_SIZE) * stride_kss + kvh * stride_kvh_s
         kt = kt.to(tl.float32) * tl.load(KScale + slot_s, mask=mask_n, other=0.0).to(
             tl.float32)[None, :]
+    return qk_dot(q, kt, Q, DOT_F32), page, v_off
+
+
+@triton.jit
+def qk_dot(q, kt, Q, DOT_F32: tl.constexpr):
+    """Unscaled scores ``q [R, BLOCK_D] @ kt [BLOCK_D, BLOCK_N]`` in fp32."""
     if DOT_F32:
-        qk = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
-    else:
-        qk = tl.dot(q.to(Q.dtype.element_ty), kt.to(Q.dtype.element_ty))
-    return qk, page, v_off
+        return tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+    return tl.dot(q.to(Q.dtype.element_ty), kt.to(Q.dtype.element_ty))
 
 
 @triton.jit
@@ -46,11 +51,8 @@ def online_softmax_step(
     stride_vsp, stride_vss, stride_vvh_s,
     PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    """Returns the updated ``(m_i, l_i, acc)``; acc: [R, BLOCK_D] fp32."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    """Loads the block's V through the page table; returns the updated ``(m_i, l_i, acc)``;
+    acc: [R, BLOCK_D] fp32."""
     v = tl.load(
         V + v_off[:, None] + offs_d[None, :],
         mask=mask_n[:, None] & mask_d[None, :], other=0.0,
@@ -59,6 +61,18 @@ def online_softmax_step(
         slot_s = page * stride_vsp + (n % PAGE_SIZE) * stride_vss + kvh * stride_vvh_s
         v = v.to(tl.float32) * tl.load(VScale + slot_s, mask=mask_n, other=0.0).to(
             tl.float32)[:, None]
+    return softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32)
+
+
+@triton.jit
+def softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32: tl.constexpr):
+    """One online-softmax step: fold scores ``qk [R, BLOCK_N]`` (log2-scaled, -inf where masked)
+    and their values ``v [BLOCK_N, BLOCK_D]`` into ``(m_i, l_i [R], acc [R, BLOCK_D] fp32)``;
+    returns the updated triple. The row max must be finite after the step."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]  # rescaled, then accumulated into by the dot itself
     if DOT_F32:
         acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")

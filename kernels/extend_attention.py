@@ -35,7 +35,7 @@ from kernels._common import (
     page_table_checks,
     use_fp32_dot,
 )
-from kernels._paged_block import online_softmax_step, paged_qk_block
+from kernels._paged_block import online_softmax_step, paged_qk_block, qk_dot, softmax_pv
 from kernels._quant import dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
@@ -70,8 +70,51 @@ def _extend_key_block(
 
 
 @triton.jit
+def _new_key_block(
+    q, m_i, l_i, acc, n0, hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew, KDesc, VDesc,
+    PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_knt, stride_knh, stride_vnt, stride_vnh,
+    PAGE_SIZE: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,  # mask keys above each row's position (else all keys < hi are visible)
+    MIXED: tl.constexpr,   # the block straddles the prefix end: keys below it come from the pool
+    TMA: tl.constexpr,     # load the tiles through the tensor descriptors KDesc, VDesc
+):
+    """Like :func:`_extend_key_block` for the keys at positions ``n0 + offs_n`` (those ``< hi``),
+    read from the new tokens' contiguous K/V (position ``p`` is row ``q_start + p - prefix`` of
+    ``KNew, VNew [T, Hkv, D]``) instead of through the page table."""
+    n = n0 + offs_n                                                           # [BLOCK_N]
+    mask_n = n < hi
+    if TMA:  # rows past the tensor's end read as zeros; masked below like any other row
+        kt = KDesc.load([q_start + n0 - prefix, kvh * BLOCK_D]).T             # [BLOCK_D, BLOCK_N]
+        v = VDesc.load([q_start + n0 - prefix, kvh * BLOCK_D])                # [BLOCK_N, BLOCK_D]
+    else:
+        rows = (q_start + n - prefix).to(tl.int64)
+        k_ptr = KNew + rows[None, :] * stride_knt + kvh * stride_knh + offs_d[:, None]
+        v_ptr = VNew + rows[:, None] * stride_vnt + kvh * stride_vnh + offs_d[None, :]
+        if MIXED:
+            cached = n < prefix
+            page = tl.load(PageTable + pt_row + n // PAGE_SIZE, mask=cached & mask_n,
+                           other=0).to(tl.int64)
+            k_off = page * stride_kp + (n % PAGE_SIZE) * stride_ks + kvh * stride_kh
+            v_off = page * stride_vp + (n % PAGE_SIZE) * stride_vs + kvh * stride_vh
+            k_ptr = tl.where(cached[None, :], K + k_off[None, :] + offs_d[:, None], k_ptr)
+            v_ptr = tl.where(cached[:, None], V + v_off[:, None] + offs_d[None, :], v_ptr)
+        kt = tl.load(k_ptr, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        v = tl.load(v_ptr, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    qk = qk_dot(q, kt, Q, DOT_F32)                                            # [BLOCK_M, BLOCK_N]
+    if CAUSAL:
+        visible = mask_n[None, :] & (n[None, :] <= q_pos[:, None])
+        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+    else:
+        qk = qk * qk_scale
+    return softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32)
+
+
+@triton.jit
 def _extend_kernel(
     Q, K, V, KScale, VScale, PageTable, QStartLoc, PrefixLens, SeqLens, Out,
+    KNew, VNew, KDesc, VDesc,  # the new tokens' K/V [T, Hkv, D] (NEW_KV), as descriptors (TMA)
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
     stride_qt, stride_qh,
     stride_kp, stride_ks, stride_kh,
@@ -80,11 +123,14 @@ def _extend_kernel(
     stride_vsp, stride_vss, stride_vvh_s,
     stride_pt,
     stride_ot, stride_oh,
+    stride_knt, stride_knh, stride_vnt, stride_vnh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
     QUANT: tl.constexpr,  # 8-bit cache: dequantize K/V with their per-token scales after load
     PACK_GQA: tl.constexpr,
+    NEW_KV: tl.constexpr,  # keys at positions >= the prefix come from KNew, VNew, not the pool
+    TMA: tl.constexpr,
 ):
     # grid (heads, sequences, query blocks), the last query blocks (the most keys under a causal
     # mask) first: the longest programs start early and the short ones fill the tail
@@ -138,28 +184,105 @@ def _extend_kernel(
         # block's first position), so no row's running max stays -inf.
         hi = tl.minimum(seq_len, prefix + last_tok + 1)
         full_hi = (prefix + first_tok) // BLOCK_N * BLOCK_N
-        for n0 in range(0, full_hi, BLOCK_N):
-            m_i, l_i, acc = _extend_key_block(
-                q, m_i, l_i, acc, n0 + offs_n, full_hi, q_pos, Q, K, V, KScale, VScale,
-                PageTable, b * stride_pt, kvh, offs_d, mask_d, qk_scale,
-                stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
-                stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
-                PAGE_SIZE, QUANT, DOT_F32, False,
-            )
-        for n0 in range(full_hi, hi, BLOCK_N):
-            m_i, l_i, acc = _extend_key_block(
-                q, m_i, l_i, acc, n0 + offs_n, hi, q_pos, Q, K, V, KScale, VScale,
-                PageTable, b * stride_pt, kvh, offs_d, mask_d, qk_scale,
-                stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
-                stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
-                PAGE_SIZE, QUANT, DOT_F32, True,
-            )
+        pt_row = b * stride_pt
+        if NEW_KV:
+            # the same key blocks in the same order as below, each read from where its keys
+            # live: whole prefix blocks through the page table, the block straddling the
+            # prefix end from both, the rest from KNew, VNew
+            pa = prefix // BLOCK_N * BLOCK_N
+            pb = (prefix + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+            for n0 in range(0, pa, BLOCK_N):
+                m_i, l_i, acc = _extend_key_block(
+                    q, m_i, l_i, acc, n0 + offs_n, pa, q_pos, Q, K, V, KScale, VScale,
+                    PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
+                    stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
+                    stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
+                    PAGE_SIZE, QUANT, DOT_F32, False,
+                )
+            if pa < prefix:
+                m_i, l_i, acc = _new_key_block(
+                    q, m_i, l_i, acc, pa, hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew,
+                    KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
+                    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                    stride_knt, stride_knh, stride_vnt, stride_vnh,
+                    PAGE_SIZE, DOT_F32, BLOCK_D, True, True, False,
+                )
+            for n0 in range(pb, full_hi, BLOCK_N):
+                m_i, l_i, acc = _new_key_block(
+                    q, m_i, l_i, acc, n0, full_hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew,
+                    KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
+                    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                    stride_knt, stride_knh, stride_vnt, stride_vnh,
+                    PAGE_SIZE, DOT_F32, BLOCK_D, False, False, TMA,
+                )
+            for n0 in range(tl.maximum(full_hi, pb), hi, BLOCK_N):
+                m_i, l_i, acc = _new_key_block(
+                    q, m_i, l_i, acc, n0, hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew,
+                    KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
+                    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                    stride_knt, stride_knh, stride_vnt, stride_vnh,
+                    PAGE_SIZE, DOT_F32, BLOCK_D, True, False, TMA,
+                )
+        else:
+            for n0 in range(0, full_hi, BLOCK_N):
+                m_i, l_i, acc = _extend_key_block(
+                    q, m_i, l_i, acc, n0 + offs_n, full_hi, q_pos, Q, K, V, KScale, VScale,
+                    PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
+                    stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
+                    stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
+                    PAGE_SIZE, QUANT, DOT_F32, False,
+                )
+            for n0 in range(full_hi, hi, BLOCK_N):
+                m_i, l_i, acc = _extend_key_block(
+                    q, m_i, l_i, acc, n0 + offs_n, hi, q_pos, Q, K, V, KScale, VScale,
+                    PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
+                    stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
+                    stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
+                    PAGE_SIZE, QUANT, DOT_F32, True,
+                )
 
         o = acc / l_i[:, None]
         tl.store(
             Out + rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
             o.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :],
         )
+
+
+def check_new_kv(k_new, v_new, k_cache, T: int, Hkv: int, D: int) -> None:
+    """``k_new, v_new`` are both None, or both [T, Hkv, D] in the float cache's dtype."""
+    if (k_new is None) != (v_new is None):
+        raise ValueError("k_new and v_new go together: pass both or neither")
+    if k_new is None:
+        return
+    if quant_spec(k_cache.dtype) is not None:
+        raise ValueError(
+            f"k_new/v_new need a float cache (got {k_cache.dtype}): an 8-bit cache's tokens are "
+            "read back dequantized, and the unquantized new K/V would change the result")
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        check_tensor(name, t, 3, (k_cache.dtype,), k_cache.device)
+        check_shape(name, t, (T, Hkv, D))
+
+
+def tma_descriptors(k_new, v_new, block_n: int, block_d: int):
+    """Host-side TMA descriptors of ``k_new, v_new`` [T, Hkv, D] viewed as [T, Hkv*D], with
+    [block_n, block_d] tiles; a ValueError says which requirement a tensor misses."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if k_new is None:
+        raise ValueError("config.tma loads the new tokens' K/V tiles: pass k_new and v_new")
+    T, Hkv, D = k_new.shape
+    if D != block_d:
+        raise ValueError(f"config.tma needs head_dim a power of two >= 16, got {D}")
+    descs = []
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        row_bytes = t.stride(0) * t.element_size()
+        if t.stride(1) != D or row_bytes % 16 or t.data_ptr() % 16:
+            raise ValueError(
+                f"config.tma needs {name} with heads packed in each row (stride(1) == {D}) and "
+                f"16-byte aligned rows; got strides {t.stride()}, data_ptr % 16 = "
+                f"{t.data_ptr() % 16}")
+        descs.append(TensorDescriptor(t, [T, Hkv * D], [t.stride(0), 1], [block_n, block_d]))
+    return descs
 
 
 def default_extend_config(head_dim: int, interpreted: bool = False) -> LaunchConfig:
@@ -194,6 +317,8 @@ def extend_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     config: LaunchConfig | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of every sequence over its paged context.
 
@@ -207,6 +332,13 @@ def extend_attention(
     float8; see :mod:`kernels._quant`) needs ``k_scale, v_scale`` [P, S, Hkv] float16; K/V are
     dequantized right after each load. ``config`` overrides the launch
     (:func:`default_extend_config`).
+
+    ``k_new, v_new`` [T, Hkv, D] (optional, together; a float cache's dtype): the new tokens'
+    K/V exactly as stored in the cache. Keys at positions ``>= prefix_lens[b]`` are then read
+    from these contiguous rows instead of through the page table; the key blocks and their
+    order are unchanged, so the result is the same. With ``config.tma`` those tiles load
+    through TMA tensor descriptors (head_dim a power of two >= 16, heads packed in each row,
+    16-byte aligned rows).
     """
     P, S, Hkv, group = check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale)
     dev = q.device
@@ -221,6 +353,7 @@ def extend_attention(
     check_shape("seq_lens", seq_lens, (B,))
     out = checked_out(out, q, sm_scale)
     check_launchable(_extend_kernel, dev)
+    check_new_kv(k_new, v_new, k_cache, T, Hkv, D)
     if B == 0 or T == 0:
         return out
     ext = q_start_loc[1:] - q_start_loc[:-1]                                  # [B]
@@ -247,6 +380,12 @@ def extend_attention(
     quant = quant_spec(k_cache.dtype) is not None
     ks = k_scale if quant else k_cache  # unused pointers when not quantized
     vs = v_scale if quant else v_cache
+    new_kv = k_new is not None
+    kn = k_new if new_kv else k_cache   # unused pointers without the new tokens' K/V
+    vn = v_new if new_kv else v_cache
+    kd = vd = None
+    if cfg.tma:
+        kd, vd = tma_descriptors(k_new, v_new, cfg.block_n, block_d)
     if cfg.pack_gqa:
         grid = (Hkv, B, triton.cdiv(max_extend_len * group, cfg.block_m))
     else:
@@ -256,6 +395,7 @@ def extend_attention(
                          f"got {B} sequences and {grid[2]} blocks of {cfg.block_m} rows")
     _extend_kernel[grid](
         q, k_cache, v_cache, ks, vs, page_table, q_start_loc, prefix_lens, seq_lens, out,
+        kn, vn, kd, vd,
         float(sm_scale) * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -264,12 +404,13 @@ def extend_attention(
         vs.stride(0), vs.stride(1), vs.stride(2),
         page_table.stride(0),
         out.stride(0), out.stride(1),
+        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         GROUP=group, HEAD_DIM=D, PAGE_SIZE=S,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
         # an 8-bit cache is dequantized to fp32 and enters the dots like a cache in q's dtype
         DOT_F32=use_fp32_dot(precision, _extend_kernel, q.dtype,
                              q.dtype if quant else k_cache.dtype),
-        QUANT=quant, PACK_GQA=cfg.pack_gqa,
+        QUANT=quant, PACK_GQA=cfg.pack_gqa, NEW_KV=new_kv, TMA=cfg.tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -134,3 +134,55 @@ def test_choose_num_splits():
     assert choose_num_splits(32768, 1, 8, num_sms=132) == 64        # one long sequence: capped
     assert choose_num_splits(4096, 256, 8, num_sms=132) == 1        # batch fills the device
     assert choose_num_splits(4096, 4, 8, num_sms=132) == 16         # 4 waves of 132 SMs
+
+
+def new_kv(c, poison: bool):
+    """The new tokens' K/V [T, Hkv, D] gathered from the case's cache; ``poison`` then NaN-fills
+    their slots in the cache, so a kernel that still read them there would return NaN."""
+    S = c.k_cache.shape[1]
+    slots = []
+    for b in range(c.page_table.shape[0]):
+        for pos in range(int(c.prefix_lens[b]), int(c.seq_lens[b])):
+            slots.append(int(c.page_table[b, pos // S]) * S + pos % S)
+    slots = torch.tensor(slots, dtype=torch.long)
+    flat_k = c.k_cache.view(-1, *c.k_cache.shape[2:])
+    flat_v = c.v_cache.view(-1, *c.v_cache.shape[2:])
+    k_new, v_new = flat_k[slots].clone(), flat_v[slots].clone()
+    if poison:
+        flat_k[slots] = float("nan")
+        flat_v[slots] = float("nan")
+    return k_new, v_new
+
+
+NEW_KV_CONFIGS = [
+    None,                                                                 # interpreter default
+    LaunchConfig(block_m=16, block_n=16, num_warps=4, num_stages=2),
+    LaunchConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=True),
+    LaunchConfig(block_m=32, block_n=16, num_warps=4, num_stages=2, pack_gqa=True, tma=True),
+]
+
+
+@pytest.mark.parametrize("config", NEW_KV_CONFIGS,
+                         ids=lambda c: "default" if c is None else c.label().replace(" ", "-"))
+@pytest.mark.parametrize("seq_lens,ext,S,hq,hkv,D", EXTEND_CASES[:4] + [
+    ([90, 33, 16], [41, 33, 16], 16, 4, 2, 64),  # prefixes 49 (block straddled), 0, 0
+])
+def test_extend_reading_new_kv_equals_paged_path(seq_lens, ext, S, hq, hkv, D, config):
+    # The new tokens' K/V read from contiguous rows: the same key blocks in the same order as
+    # through the page table, so the result is bitwise the paged one; their pool slots are
+    # NaN-poisoned first, so a read of them there would show. (A TMA tile is transposed for
+    # the QK dot: the interpreter's numpy matmul then rounds differently, so there it is equal
+    # to float rounding only.)
+    c = make_case(seq_lens, ext, S, hq, hkv, D, seed=sum(seq_lens) + S + 2)
+    args = (c.q, c.k_cache, c.v_cache, c.page_table, c.q_start_loc, c.prefix_lens, c.seq_lens,
+            c.scale)
+    ref = extend_attention_ref(*args)
+    paged = extend_attention(*args, config=None if config is None else config._replace(tma=False))
+    k_new, v_new = new_kv(c, poison=True)
+    out = torch.full_like(c.q, float("nan"))
+    extend_attention(*args, out=out, config=config, k_new=k_new, v_new=v_new)
+    assert rel_err(out, ref) <= 1e-5
+    if config is not None and config.tma:
+        assert rel_err(out, paged) <= 1e-6
+    else:
+        assert torch.equal(out, paged)

@@ -151,3 +151,41 @@ def test_extend_refuses_a_grid_cuda_cannot_launch():
     with pytest.raises(ValueError, match="at most 65535 sequences and query blocks; got 65536"):
         extend_attention(q, cache, cache, table, starts, ones * 0, ones, 0.125, out=out)
     assert out.isnan().all()
+
+
+def test_extend_rejects_bad_new_kv():
+    c = make_case([20, 9], [4, 9], 16, 4, 2, 64)
+    base = dict(q=c.q, k_cache=c.k_cache, v_cache=c.v_cache, page_table=c.page_table,
+                q_start_loc=c.q_start_loc, prefix_lens=c.prefix_lens, seq_lens=c.seq_lens,
+                sm_scale=c.scale)
+    kn = torch.randn(13, 2, 64)
+    fused = torch.randn(13, 2, 65)  # rows of 65 floats: not 16-byte aligned
+    tma = LaunchConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=True)
+    bad = [
+        ({"k_new": kn}, "k_new and v_new go together"),
+        ({"k_new": kn, "v_new": kn.double()}, "v_new must have dtype"),
+        ({"k_new": kn, "v_new": kn[:12]}, r"v_new must have shape \(13, 2, 64\)"),
+        ({"k_new": kn.half(), "v_new": kn.half()}, "k_new must have dtype"),
+        ({"config": tma}, "config.tma loads the new tokens' K/V tiles: pass k_new and v_new"),
+        ({"config": tma, "k_new": kn, "v_new": fused[..., :64]}, "16-byte aligned rows"),
+        ({"config": LaunchConfig(block_n=16, num_warps=4, num_stages=2, tma=1)},
+         "config.tma must be True or False, got 1"),
+    ]
+    for over, msg in bad:
+        out = torch.full_like(c.q, float("nan"))
+        with pytest.raises(ValueError, match=msg):
+            extend_attention(**{**base, **over}, out=out)
+        assert out.isnan().all()
+    from kernels._quant import quantize_ref
+    kq, ks = quantize_ref(c.k_cache.nan_to_num(), torch.int8)
+    out = torch.full_like(c.q, float("nan"))
+    with pytest.raises(ValueError, match="k_new/v_new need a float cache"):
+        extend_attention(**{**base, "k_cache": kq, "v_cache": kq}, k_scale=ks, v_scale=ks,
+                         k_new=kn, v_new=kn, out=out)
+    assert out.isnan().all()
+    d80 = make_case([20], [4], 16, 4, 2, 80)
+    k80 = torch.randn(4, 2, 80)
+    with pytest.raises(ValueError, match="config.tma needs head_dim a power of two >= 16, got 80"):
+        extend_attention(d80.q, d80.k_cache, d80.v_cache, d80.page_table, d80.q_start_loc,
+                         d80.prefix_lens, d80.seq_lens, d80.scale, config=tma, k_new=k80,
+                         v_new=k80)
