@@ -24,10 +24,13 @@ class AttentionBackend(Protocol):
         """Write the new tokens' K/V ``[T, Hkv, D]`` into their slots (``batch.slot_mapping``)."""
 
     def attend(
-        self, q: torch.Tensor, pool: KVPool, layer: int, batch: ForwardBatch, scale: float
+        self, q: torch.Tensor, pool: KVPool, layer: int, batch: ForwardBatch, scale: float,
+        k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Causal attention of the new queries ``q [T, Hq, D]`` over each sequence's context
-        (its cached prefix plus its own new tokens, already stored). Returns ``[T, Hq, D]``."""
+        (its cached prefix plus its own new tokens, already stored). Returns ``[T, Hq, D]``.
+        ``k_new, v_new [T, Hkv, D]`` are the new tokens' K/V as passed to ``store_kv``; a
+        backend may read them instead of their pool slots when that gives the same result."""
 
     def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:
         """Copy pages ``src[i] -> dst[i]`` in every layer (copy-on-write)."""

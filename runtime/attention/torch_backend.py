@@ -108,8 +108,9 @@ class TorchAttentionBackend:
         # k, v: [T, Hkv, D]; quantized on store when the pool is
         pool.store(layer, batch.slot_mapping, k, v)
 
-    def attend(self, q, pool: KVPool, layer: int, batch: ForwardBatch, scale: float):
-        # q: [T, Hq, D] -> [T, Hq, D]
+    def attend(self, q, pool: KVPool, layer: int, batch: ForwardBatch, scale: float,
+               k_new=None, v_new=None):
+        # q: [T, Hq, D] -> [T, Hq, D]; every K/V read goes through the pool (k_new, v_new unused)
         seq_lens = batch.seq_lens_list
         if batch.is_decode:
             return self._decode(q, pool, layer, batch.page_table, seq_lens, scale)

@@ -2,7 +2,9 @@
 
 Takes the same :class:`~runtime.forward_batch.ForwardBatch` as the torch backend. Decode steps
 (one new token per sequence) use the split-KV decode kernel; every other step, mixed ones
-included, uses the extend kernel. The index ranges of a batch's metadata (page table, sequence
+included, uses the extend kernel, which reads the new tokens' K/V from the layer's contiguous
+tensors (a float pool holds exactly those values) and only the cached prefixes through the page
+tables. The index ranges of a batch's metadata (page table, sequence
 lengths, slots) are checked once per batch and pool, with one device sync, not once per layer.
 Runs on CPU only under the Triton interpreter (``TRITON_INTERPRET=1`` before import).
 """
@@ -54,12 +56,16 @@ class TritonAttentionBackend:
                  k_scale=pool.k_scale(layer), v_scale=pool.v_scale(layer), check_indices=False)
 
     def attend(
-        self, q: torch.Tensor, pool: KVPool, layer: int, batch: ForwardBatch, scale: float
+        self, q: torch.Tensor, pool: KVPool, layer: int, batch: ForwardBatch, scale: float,
+        k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # q: [T, Hq, D] -> [T, Hq, D]
+        # q: [T, Hq, D] -> [T, Hq, D]; k_new, v_new: [T, Hkv, D] or None
         self._check_batch(pool, batch)
         kc, vc = pool.k_cache(layer), pool.v_cache(layer)
         ks, vs = pool.k_scale(layer), pool.v_scale(layer)   # None unless the pool is 8-bit
+        if ks is not None or k_new is None or k_new.dtype != kc.dtype or v_new.dtype != vc.dtype:
+            # the extend kernel reads them only when they are bitwise what the pool holds
+            k_new = v_new = None
         if batch.is_decode:
             return decode_attention(
                 q, kc, vc, batch.page_table, batch.seq_lens, scale,
@@ -69,7 +75,7 @@ class TritonAttentionBackend:
         return extend_attention(
             q, kc, vc, batch.page_table, batch.q_start_loc, batch.prefix_lens, batch.seq_lens,
             scale, max_extend_len=max(batch.extend_lens_list), check_indices=False,
-            k_scale=ks, v_scale=vs,
+            k_scale=ks, v_scale=vs, k_new=k_new, v_new=v_new,
         )
 
     def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:

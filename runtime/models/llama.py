@@ -56,7 +56,7 @@ class Attention(nn.Module):
         cos, sin = rope                                         # [T, 1, hd] each
         q, k = RotaryEmbedding.rotate(q, cos, sin), RotaryEmbedding.rotate(k, cos, sin)
         backend.store_kv(pool, self.layer, k, v, batch)
-        o = backend.attend(q, pool, self.layer, batch, self.scale)  # [T, nh, hd]
+        o = backend.attend(q, pool, self.layer, batch, self.scale, k, v)  # [T, nh, hd]
         return self.o_proj(o.reshape(T, self.nh * self.hd))
 
 

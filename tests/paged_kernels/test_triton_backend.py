@@ -24,10 +24,12 @@ def _step(backends, pools, new_tokens, prefix_lens, tables, page_size, gen):
         outs = []
         for be, pool in zip(backends, pools):
             be.store_kv(pool, layer, k, v, batch)
-            outs.append(be.attend(q, pool, layer, batch, D**-0.5))
+            outs.append(be.attend(q, pool, layer, batch, D**-0.5, k, v))  # as the model calls it
         assert torch.equal(pools[0].buffer, pools[1].buffer)
         assert not outs[1].isnan().any()
         assert rel_err(outs[1], outs[0]) <= 1e-5
+        # the new tokens' K/V read from k, v or from the pool: bitwise the same
+        assert torch.equal(outs[1], backends[1].attend(q, pools[1], layer, batch, D**-0.5))
     return batch
 
 
