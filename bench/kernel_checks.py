@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.kernel_util import extend_inputs, paged_context, quantized, rel_err
+from bench.kernel_util import extend_inputs, new_kv, paged_context, quantized, rel_err
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 QUANT = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -36,23 +36,39 @@ def decode_case(kernels, log: CheckLog, hq, hkv, d, page, dtype, check_len, gen,
 
 
 def extend_case(kernels, log: CheckLog, hq, hkv, d, dtype, check_len, gen, dev,
-                cache_dtype=None, config=None, label="") -> bool:
-    """Four sequences: no prefix, a long prefix + one token, an odd prefix, a half prefix."""
+                cache_dtype=None, config=None, label="", with_new_kv=False) -> bool:
+    """Four sequences: no prefix, a long prefix + one token, an odd prefix, a half prefix;
+    ``with_new_kv``: the new tokens' K/V also passed as contiguous tensors (the engine's call)."""
     prefix = [0, check_len // 4, 37, check_len // 2]
     ext = [check_len // 6, 1, check_len // 8 + 1, check_len // 16]
     args, scales = extend_inputs(prefix, ext, hq, hkv, d, dtype, dev, gen=gen,
                                  cache_dtype=cache_dtype)
+    extra = new_kv(args) if with_new_kv else {}
     return check_attention(log, f"extend {hq}/{hkv} d{d} page16", kernels.extend_attention,
-                           kernels.extend_attention_ref, args, scales, config, cache_dtype, label)
+                           kernels.extend_attention_ref, args, scales, config, cache_dtype,
+                           label + (" new-kv" if with_new_kv else ""), extra)
+
+
+def new_kv_same_as_paged(kernels, log: CheckLog, hq, hkv, d, check_len, gen, dev,
+                         config=None) -> bool:
+    """Extend reading the new tokens' K/V from contiguous tensors against the same launch
+    reading them through the page table: bitwise equal (same key blocks, same order)."""
+    prefix, ext = [0, 37, check_len // 2], [check_len // 4, check_len // 8 + 1, 1]
+    args, _ = extend_inputs(prefix, ext, hq, hkv, d, torch.bfloat16, dev, gen=gen)
+    paged = kernels.extend_attention(*args, config=config)
+    got = kernels.extend_attention(*args, config=config, **new_kv(args))
+    label = "" if config is None else f" {config.label()}"
+    return log.record(f"extend {hq}/{hkv} d{d} new-kv == paged{label} (1 = not bitwise equal)",
+                      float(not torch.equal(got, paged)), 0)
 
 
 def check_attention(log: CheckLog, what: str, kernel, ref, args, scales, config, cache_dtype,
-                    label) -> bool:
-    """Run ``kernel`` into a NaN-poisoned output and record its error against ``ref`` (the
-    tolerance of the query dtype, doubled over an 8-bit cache)."""
+                    label, extra=None) -> bool:
+    """Run ``kernel`` (with the keywords ``extra`` too) into a NaN-poisoned output and record
+    its error against ``ref`` (the tolerance of the query dtype, doubled over an 8-bit cache)."""
     q = args[0]
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
-    kernel(*args, out=out, config=config, **scales)
+    kernel(*args, out=out, config=config, **scales, **(extra or {}))
     tol = TOL[q.dtype] if cache_dtype is None else TOL[q.dtype] * 2
     cache = "" if cache_dtype is None else f" cache {str(cache_dtype)[6:]}"
     return log.record(f"{what} {str(q.dtype)[6:]}{cache}{label}",
@@ -69,6 +85,11 @@ def run_checks(kernels, check_len: int, dev: str) -> CheckLog:
     for hq, hkv, d in ((32, 8, 128), (9, 3, 64)):
         for dtype in TOL:
             extend_case(kernels, log, hq, hkv, d, dtype, check_len, gen, dev)
+            extend_case(kernels, log, hq, hkv, d, dtype, check_len, gen, dev, with_new_kv=True)
+        new_kv_same_as_paged(kernels, log, hq, hkv, d, check_len, gen, dev)
+        tma = kernels.LaunchConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, tma=True)
+        extend_case(kernels, log, hq, hkv, d, torch.bfloat16, check_len, gen, dev, config=tma,
+                    label=f" {tma.label()}", with_new_kv=True)
     # 8-bit caches: the kernel against the reference over the same quantized cache
     for cache_dtype in QUANT:
         decode_case(kernels, log, 32, 8, 128, 16, torch.bfloat16, check_len, gen, dev,

@@ -11,15 +11,20 @@ import traceback
 import torch
 
 from bench.kernel_checks import CheckLog, decode_case, extend_case
-from bench.kernel_util import PAGE, bench_ms, extend_inputs
+from bench.kernel_util import PAGE, bench_ms, extend_inputs, new_kv
 
 # (block_n, num_warps, num_stages)
 DECODE_CANDIDATES = ((64, 4, 2), (64, 4, 4), (128, 4, 2), (128, 8, 3), (32, 2, 3), (32, 2, 4),
                      (64, 2, 3), (64, 2, 4))
-# (block_m, block_n, num_warps, num_stages, pack_gqa)
-EXTEND_CANDIDATES = ((64, 64, 4, 3, False), (64, 64, 4, 4, False), (128, 64, 8, 3, False),
-                     (128, 128, 8, 3, False), (64, 128, 4, 3, False), (128, 64, 4, 3, False),
-                     (64, 32, 4, 3, False), (64, 64, 4, 3, True))
+# (block_m, block_n, num_warps, num_stages, pack_gqa, tma); extend is timed as the engine calls
+# it, with the new tokens' K/V passed contiguously (``tma`` loads those tiles through TMA)
+EXTEND_CANDIDATES = ((64, 64, 4, 3, False, False), (64, 64, 4, 4, False, False),
+                     (128, 64, 8, 3, False, False), (128, 128, 8, 3, False, False),
+                     (64, 128, 4, 3, False, False), (64, 32, 4, 3, False, False),
+                     (64, 64, 4, 3, True, False),
+                     (64, 64, 4, 3, False, True), (64, 32, 4, 3, False, True),
+                     (64, 64, 4, 4, False, True), (128, 64, 8, 3, False, True),
+                     (128, 128, 8, 3, False, True), (128, 64, 8, 2, False, True))
 
 
 def decode_cell_ms(kernels, hq, hkv, d, batch, ctx, dev, config, num_splits=None) -> float:
@@ -39,9 +44,9 @@ def decode_cell_ms(kernels, hq, hkv, d, batch, ctx, dev, config, num_splits=None
 
 def extend_cell_ms(kernels, hq, hkv, d, batch, prefix, new, dev, config) -> float:
     args, _ = extend_inputs([prefix] * batch, [new] * batch, hq, hkv, d, torch.bfloat16, dev)
-    out = torch.empty_like(args[0])
+    out, extra = torch.empty_like(args[0]), new_kv(args)
     return bench_ms(lambda: kernels.extend_attention(
-        *args, out=out, max_extend_len=new, check_indices=False, config=config), dev)
+        *args, out=out, max_extend_len=new, check_indices=False, config=config, **extra), dev)
 
 
 def sweep(kernels, heads: dict, decode_cells, extend_cells, check_len: int, dev: str,
@@ -56,7 +61,7 @@ def sweep(kernels, heads: dict, decode_cells, extend_cells, check_len: int, dev:
         "decode": ([kernels.LaunchConfig(*c) for c in DECODE_CANDIDATES], decode_cells,
                    kernels.default_decode_config),
         "extend": ([kernels.LaunchConfig(block_m=c[0], block_n=c[1], num_warps=c[2],
-                                         num_stages=c[3], pack_gqa=c[4])
+                                         num_stages=c[3], pack_gqa=c[4], tma=c[5])
                     for c in EXTEND_CANDIDATES],
                    extend_cells, kernels.default_extend_config),
     }
@@ -79,7 +84,7 @@ def sweep(kernels, heads: dict, decode_cells, extend_cells, check_len: int, dev:
                         ms = [decode_cell_ms(kernels, hq, hkv, d, *c, dev, cfg) for c in cells]
                     else:
                         ok = extend_case(kernels, log, hq, hkv, d, torch.bfloat16, check_len,
-                                         gen, dev, config=cfg, label=label)
+                                         gen, dev, config=cfg, label=label, with_new_kv=True)
                         ms = [extend_cell_ms(kernels, hq, hkv, d, *c, dev, cfg) for c in cells]
                 except Exception as e:  # a candidate that does not compile or launch is skipped
                     traceback.print_exc()

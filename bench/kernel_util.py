@@ -56,6 +56,20 @@ def extend_inputs(prefix, ext, hq, hkv, d, dtype, dev, page=PAGE, gen=None,
     return args, scales
 
 
+def new_kv(args) -> dict:
+    """``{k_new, v_new}``: the new tokens' K/V [T, Hkv, D] of ``extend_attention`` arguments,
+    gathered from their pool slots (what the engine passes beside the pool)."""
+    q, kc, vc, table, starts, prefix, seq_lens = args[:7]
+    S = kc.shape[1]
+    pos = torch.cat([torch.arange(p, n, device=q.device)
+                     for p, n in zip(prefix.tolist(), seq_lens.tolist())])        # [T]
+    seq = torch.repeat_interleave(torch.arange(len(prefix), device=q.device),
+                                  seq_lens.long() - prefix.long())
+    slots = table[seq, pos // S].long() * S + pos % S
+    return {"k_new": kc.flatten(0, 1)[slots].contiguous(),
+            "v_new": vc.flatten(0, 1)[slots].contiguous()}
+
+
 def quantized(kc, vc, cache_dtype):
     """``(k, v, {k_scale, v_scale})``: the caches quantized to ``cache_dtype`` with their
     per-token scales, or unchanged with no scales when ``cache_dtype`` is None."""

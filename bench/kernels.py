@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 
-from bench.kernel_util import PAGE, bench_ms, extend_inputs, graph_ms, rel_err  # noqa: E402
+from bench.kernel_util import PAGE, bench_ms, extend_inputs, graph_ms, new_kv, rel_err  # noqa: E402,E501
 
 SECTIONS = ("checks", "ceiling", "sweep-decode", "sweep-extend", "sweep-splits", "decode",
             "extend", "kv")
@@ -137,20 +137,26 @@ def bench_extend(kernels, z: Sizes, configs: dict) -> list[dict]:
     import torch.nn.functional as F
 
     dev, rows = z.device, []
-    print("\nextend attention vs SDPA on contiguous data, bf16, page 16")
+    print("\nextend attention vs SDPA on contiguous data, bf16, page 16; triton = the engine's "
+          "call (new tokens' K/V contiguous, prefix paged), paged = every K/V through the page "
+          "table (same tiles, no TMA); graph = CUDA-graph replay (kernel time)")
     print(f"  {'heads':24s} {'batch':>5s} {'prefix':>6s} {'new':>5s} {'triton ms':>9s} "
-          f"{'sdpa ms':>8s} {'ratio':>6s} {'graph: triton':>13s} {'sdpa':>6s} {'ratio':>6s} "
-          f"{'TFLOP/s':>7s} {'rel_err':>8s}  launch")
+          f"{'sdpa ms':>8s} {'ratio':>6s} {'graph: triton':>13s} {'paged':>6s} {'sdpa':>6s} "
+          f"{'ratio':>6s} {'TFLOP/s':>7s} {'rel_err':>8s}  launch")
     for name, (hq, hkv, d) in HEADS.items():
         cfg = configs.get(name) or kernels.default_extend_config(d)
         for B, prefix, new in z.extend_cases:
             ctx = prefix + new
             args, _ = extend_inputs([prefix] * B, [new] * B, hq, hkv, d, torch.bfloat16, dev)
             q, kc, vc, table = args[:4]
-            out = torch.empty_like(q)
+            out, extra = torch.empty_like(q), new_kv(args)
             fn = lambda: kernels.extend_attention(  # noqa: E731
-                *args, out=out, max_extend_len=new, check_indices=False, config=cfg)
-            t_ms, tg_ms = bench_ms(fn, dev), graph_ms(fn, dev)
+                *args, out=out, max_extend_len=new, check_indices=False, config=cfg, **extra)
+            paged = lambda: kernels.extend_attention(  # noqa: E731
+                *args, out=out, max_extend_len=new, check_indices=False,
+                config=cfg._replace(tma=False))
+            t_ms, tg_ms, pg_ms = bench_ms(fn, dev), graph_ms(fn, dev), graph_ms(paged, dev)
+            fn()
             # the same data, contiguous: [B, Hq, L, D], K/V expanded to the query heads
             pages = table[:, : -(-ctx // PAGE)].long()
             k = kc[pages].flatten(1, 2)[:, :ctx].transpose(1, 2).repeat_interleave(hq // hkv, 1)
@@ -170,12 +176,13 @@ def bench_extend(kernels, z: Sizes, configs: dict) -> list[dict]:
             rows.append({"heads": name, "batch": B, "prefix": prefix, "new": new,
                          "triton_ms": t_ms, "sdpa_ms": s_ms, "ratio": t_ms / s_ms,
                          "triton_graph_ms": tg_ms, "sdpa_graph_ms": sg_ms,
-                         "ratio_graph": tg_ms / sg_ms,
+                         "ratio_graph": tg_ms / sg_ms, "paged_graph_ms": pg_ms,
+                         "paged_ratio_graph": pg_ms / sg_ms,
                          "TFLOPs": tflops, "rel_err_vs_sdpa": err, "config": cfg._asdict()})
             print(f"  {name:24s} {B:5d} {prefix:6d} {new:5d} {t_ms:9.3f} {s_ms:8.3f} "
-                  f"{t_ms / s_ms:6.2f} {tg_ms:13.3f} {sg_ms:6.3f} {tg_ms / sg_ms:6.2f} "
-                  f"{tflops:7.1f} {err:8.1e}  {cfg.label()}", flush=True)
-            del kc, vc, k, v, args, q
+                  f"{t_ms / s_ms:6.2f} {tg_ms:13.3f} {pg_ms:6.3f} {sg_ms:6.3f} "
+                  f"{tg_ms / sg_ms:6.2f} {tflops:7.1f} {err:8.1e}  {cfg.label()}", flush=True)
+            del kc, vc, k, v, args, q, extra
     return rows
 
 
