@@ -17,14 +17,19 @@ from bench.kernel_util import PAGE, bench_ms, extend_inputs, new_kv
 DECODE_CANDIDATES = ((64, 4, 2), (64, 4, 4), (128, 4, 2), (128, 8, 3), (32, 2, 3), (32, 2, 4),
                      (64, 2, 3), (64, 2, 4))
 # (block_m, block_n, num_warps, num_stages, pack_gqa, tma); extend is timed as the engine calls
-# it, with the new tokens' K/V passed contiguously (``tma`` loads those tiles through TMA)
+# it, with the new tokens' K/V passed contiguously (``tma`` loads those tiles through TMA). The
+# contiguous loads need no page-table stage, so at equal num_stages they buffer one tile more
+# than the paged ones (bench/kernel_compile.py): the 2-stage launches hold the paged 3-stage
+# launches' shared memory
 EXTEND_CANDIDATES = ((64, 64, 4, 3, False, False), (64, 64, 4, 4, False, False),
                      (128, 64, 8, 3, False, False), (128, 128, 8, 3, False, False),
                      (64, 128, 4, 3, False, False), (64, 32, 4, 3, False, False),
-                     (64, 64, 4, 3, True, False),
+                     (64, 64, 4, 3, True, False), (64, 32, 4, 2, False, False),
+                     (64, 64, 4, 2, False, False),
                      (64, 64, 4, 3, False, True), (64, 32, 4, 3, False, True),
-                     (64, 64, 4, 4, False, True), (128, 64, 8, 3, False, True),
-                     (128, 128, 8, 3, False, True), (128, 64, 8, 2, False, True))
+                     (64, 32, 4, 2, False, True), (64, 64, 4, 2, False, True),
+                     (128, 64, 8, 3, False, True), (128, 128, 8, 3, False, True),
+                     (128, 64, 8, 2, False, True))
 
 
 def decode_cell_ms(kernels, hq, hkv, d, batch, ctx, dev, config, num_splits=None) -> float:

@@ -57,8 +57,9 @@ def extend_inputs(prefix, ext, hq, hkv, d, dtype, dev, page=PAGE, gen=None,
 
 
 def new_kv(args) -> dict:
-    """``{k_new, v_new}``: the new tokens' K/V [T, Hkv, D] of ``extend_attention`` arguments,
-    gathered from their pool slots (what the engine passes beside the pool)."""
+    """The keywords the engine adds to an ``extend_attention`` call with arguments ``args``:
+    ``k_new, v_new``, the new tokens' K/V [T, Hkv, D] (gathered here from their pool slots), and
+    ``max_prefix_len``, the longest cached prefix."""
     q, kc, vc, table, starts, prefix, seq_lens = args[:7]
     S = kc.shape[1]
     pos = torch.cat([torch.arange(p, n, device=q.device)
@@ -67,7 +68,8 @@ def new_kv(args) -> dict:
                                   seq_lens.long() - prefix.long())
     slots = table[seq, pos // S].long() * S + pos % S
     return {"k_new": kc.flatten(0, 1)[slots].contiguous(),
-            "v_new": vc.flatten(0, 1)[slots].contiguous()}
+            "v_new": vc.flatten(0, 1)[slots].contiguous(),
+            "max_prefix_len": int(prefix.max())}
 
 
 def quantized(kc, vc, cache_dtype):

@@ -131,6 +131,7 @@ def _extend_kernel(
     PACK_GQA: tl.constexpr,
     NEW_KV: tl.constexpr,  # keys at positions >= the prefix come from KNew, VNew, not the pool
     TMA: tl.constexpr,
+    PREFIX: tl.constexpr,  # some sequence may have a cached prefix (else NEW_KV reads no page)
 ):
     # grid (heads, sequences, query blocks), the last query blocks (the most keys under a causal
     # mask) first: the longest programs start early and the short ones fill the tail
@@ -189,24 +190,26 @@ def _extend_kernel(
             # the same key blocks in the same order as below, each read from where its keys
             # live: whole prefix blocks through the page table, the block straddling the
             # prefix end from both, the rest from KNew, VNew
-            pa = prefix // BLOCK_N * BLOCK_N
-            pb = (prefix + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-            for n0 in range(0, pa, BLOCK_N):
-                m_i, l_i, acc = _extend_key_block(
-                    q, m_i, l_i, acc, n0 + offs_n, pa, q_pos, Q, K, V, KScale, VScale,
-                    PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
-                    stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
-                    stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
-                    PAGE_SIZE, QUANT, DOT_F32, False,
-                )
-            if pa < prefix:
-                m_i, l_i, acc = _new_key_block(
-                    q, m_i, l_i, acc, pa, hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew,
-                    KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
-                    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                    stride_knt, stride_knh, stride_vnt, stride_vnh,
-                    PAGE_SIZE, DOT_F32, BLOCK_D, True, True, False,
-                )
+            pb = 0
+            if PREFIX:
+                pa = prefix // BLOCK_N * BLOCK_N
+                pb = (prefix + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+                for n0 in range(0, pa, BLOCK_N):
+                    m_i, l_i, acc = _extend_key_block(
+                        q, m_i, l_i, acc, n0 + offs_n, pa, q_pos, Q, K, V, KScale, VScale,
+                        PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
+                        stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
+                        stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
+                        PAGE_SIZE, QUANT, DOT_F32, False,
+                    )
+                if pa < prefix:
+                    m_i, l_i, acc = _new_key_block(
+                        q, m_i, l_i, acc, pa, hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew,
+                        KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
+                        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                        stride_knt, stride_knh, stride_vnt, stride_vnh,
+                        PAGE_SIZE, DOT_F32, BLOCK_D, True, True, False,
+                    )
             for n0 in range(pb, full_hi, BLOCK_N):
                 m_i, l_i, acc = _new_key_block(
                     q, m_i, l_i, acc, n0, full_hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew,
@@ -270,6 +273,9 @@ def tma_descriptors(k_new, v_new, block_n: int, block_d: int):
 
     if k_new is None:
         raise ValueError("config.tma loads the new tokens' K/V tiles: pass k_new and v_new")
+    if k_new.is_cuda and torch.cuda.get_device_capability(k_new.device)[0] < 9:
+        raise ValueError("config.tma needs a GPU with TMA (compute capability 9.0 or newer), got "
+                         f"{torch.cuda.get_device_name(k_new.device)}")
     T, Hkv, D = k_new.shape
     if D != block_d:
         raise ValueError(f"config.tma needs head_dim a power of two >= 16, got {D}")
@@ -319,6 +325,7 @@ def extend_attention(
     config: LaunchConfig | None = None,
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
+    max_prefix_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of every sequence over its paged context.
 
@@ -338,7 +345,9 @@ def extend_attention(
     from these contiguous rows instead of through the page table; the key blocks and their
     order are unchanged, so the result is the same. With ``config.tma`` those tiles load
     through TMA tensor descriptors (head_dim a power of two >= 16, heads packed in each row,
-    16-byte aligned rows).
+    16-byte aligned rows). ``max_prefix_len`` (host int, >= every prefix length; checked with
+    the other ranges) of 0 with ``k_new`` compiles the launch without the page-table path: a
+    plain prefill then reads only contiguous K/V.
     """
     P, S, Hkv, group = check_attention_inputs(q, k_cache, v_cache, k_scale, v_scale)
     dev = q.device
@@ -354,6 +363,8 @@ def extend_attention(
     out = checked_out(out, q, sm_scale)
     check_launchable(_extend_kernel, dev)
     check_new_kv(k_new, v_new, k_cache, T, Hkv, D)
+    if max_prefix_len is not None and (not isinstance(max_prefix_len, int) or max_prefix_len < 0):
+        raise ValueError(f"max_prefix_len must be an int >= 0 or None, got {max_prefix_len!r}")
     if B == 0 or T == 0:
         return out
     ext = q_start_loc[1:] - q_start_loc[:-1]                                  # [B]
@@ -363,7 +374,8 @@ def extend_attention(
                 ("q_start_loc[0]", q_start_loc[:1], 0, 0),
                 ("q_start_loc[B]", q_start_loc[-1:], T, T),
                 ("q_start_loc[b+1] - q_start_loc[b]", ext, 0, T),
-                ("prefix_lens", prefix_lens, 0, page_table.shape[1] * S),
+                ("prefix_lens", prefix_lens, 0, page_table.shape[1] * S
+                 if max_prefix_len is None else min(max_prefix_len, page_table.shape[1] * S)),
                 ("seq_lens - prefix_lens - (q_start_loc[b+1] - q_start_loc[b])",
                  seq_lens - prefix_lens - ext, 0, 0),
             ]
@@ -411,6 +423,7 @@ def extend_attention(
         DOT_F32=use_fp32_dot(precision, _extend_kernel, q.dtype,
                              q.dtype if quant else k_cache.dtype),
         QUANT=quant, PACK_GQA=cfg.pack_gqa, NEW_KV=new_kv, TMA=cfg.tma,
+        PREFIX=not new_kv or max_prefix_len is None or max_prefix_len > 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -76,6 +76,7 @@ class TritonAttentionBackend:
             q, kc, vc, batch.page_table, batch.q_start_loc, batch.prefix_lens, batch.seq_lens,
             scale, max_extend_len=max(batch.extend_lens_list), check_indices=False,
             k_scale=ks, v_scale=vs, k_new=k_new, v_new=v_new,
+            max_prefix_len=max(batch.prefix_lens_list),
         )
 
     def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:

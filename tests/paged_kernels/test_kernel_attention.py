@@ -166,6 +166,7 @@ NEW_KV_CONFIGS = [
                          ids=lambda c: "default" if c is None else c.label().replace(" ", "-"))
 @pytest.mark.parametrize("seq_lens,ext,S,hq,hkv,D", EXTEND_CASES[:4] + [
     ([90, 33, 16], [41, 33, 16], 16, 4, 2, 64),  # prefixes 49 (block straddled), 0, 0
+    ([50, 33, 16], [50, 33, 16], 16, 4, 2, 64),  # plain prefill: no page-table path compiled
 ])
 def test_extend_reading_new_kv_equals_paged_path(seq_lens, ext, S, hq, hkv, D, config):
     # The new tokens' K/V read from contiguous rows: the same key blocks in the same order as
@@ -180,7 +181,10 @@ def test_extend_reading_new_kv_equals_paged_path(seq_lens, ext, S, hq, hkv, D, c
     paged = extend_attention(*args, config=None if config is None else config._replace(tma=False))
     k_new, v_new = new_kv(c, poison=True)
     out = torch.full_like(c.q, float("nan"))
-    extend_attention(*args, out=out, config=config, k_new=k_new, v_new=v_new)
+    # the tightest prefix bound: 0 (no sequence has a cached prefix) compiles no page-table path
+    max_prefix = int(c.prefix_lens.max())
+    extend_attention(*args, out=out, config=config, k_new=k_new, v_new=v_new,
+                     max_prefix_len=max_prefix)
     assert rel_err(out, ref) <= 1e-5
     if config is not None and config.tma:
         assert rel_err(out, paged) <= 1e-6

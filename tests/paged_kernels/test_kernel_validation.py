@@ -170,6 +170,8 @@ def test_extend_rejects_bad_new_kv():
         ({"config": tma, "k_new": kn, "v_new": fused[..., :64]}, "16-byte aligned rows"),
         ({"config": LaunchConfig(block_n=16, num_warps=4, num_stages=2, tma=1)},
          "config.tma must be True or False, got 1"),
+        ({"k_new": kn, "v_new": kn, "max_prefix_len": 0}, r"prefix_lens must lie in \[0, 0\]"),
+        ({"max_prefix_len": -1}, "max_prefix_len must be an int >= 0 or None, got -1"),
     ]
     for over, msg in bad:
         out = torch.full_like(c.q, float("nan"))
