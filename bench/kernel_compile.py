@@ -165,7 +165,7 @@ def launches(kernels, sweep: bool, arch: int):
     """(label, thunk) pairs: each thunk calls one wrapper the way the runtime or the benchmark
     does, on small CPU tensors (the shapes that matter to the compiler are the head layout,
     dtypes and the launch configuration, not the lengths)."""
-    from bench.kernel_sweep import EXTEND_CANDIDATES
+    from bench.kernel_sweep import extend_candidates
     from bench.kernel_util import extend_inputs, new_kv, paged_context
 
     heads = {"d64 (9q/3kv)": (9, 3, 64), "d128 (32q/8kv)": (32, 8, 128)}
@@ -180,9 +180,7 @@ def launches(kernels, sweep: bool, arch: int):
         dflt = kernels.default_extend_config(d)
         configs = [dflt, dflt._replace(tma=True)]
         if sweep:
-            configs += [kernels.LaunchConfig(block_m=c[0], block_n=c[1], num_warps=c[2],
-                                             num_stages=c[3], pack_gqa=c[4], tma=c[5])
-                        for c in EXTEND_CANDIDATES]
+            configs += extend_candidates(kernels)
         if arch < 90:  # TMA is Hopper's; the wrapper refuses it on older GPUs
             configs = [c for c in configs if not c.tma]
         for prefix in (0, 40):

@@ -16,20 +16,29 @@ from bench.kernel_util import PAGE, bench_ms, extend_inputs, new_kv
 # (block_n, num_warps, num_stages)
 DECODE_CANDIDATES = ((64, 4, 2), (64, 4, 4), (128, 4, 2), (128, 8, 3), (32, 2, 3), (32, 2, 4),
                      (64, 2, 3), (64, 2, 4))
-# (block_m, block_n, num_warps, num_stages, pack_gqa, tma); extend is timed as the engine calls
-# it, with the new tokens' K/V passed contiguously (``tma`` loads those tiles through TMA). The
-# contiguous loads need no page-table stage, so at equal num_stages they buffer one tile more
-# than the paged ones (bench/kernel_compile.py): the 2-stage launches hold the paged 3-stage
-# launches' shared memory
+# (block_m, block_n, num_warps, num_stages, tma, lazy_rescale); extend is timed as the engine
+# calls it, with the new tokens' K/V passed contiguously (``tma`` loads those tiles through TMA).
+# The contiguous loads need no page-table stage, so at equal num_stages they buffer one tile
+# more than the paged ones (bench/kernel_compile.py): the 2-stage launches hold the paged
+# 3-stage launches' shared memory. GQA packing (measured: no gain) is left out.
 EXTEND_CANDIDATES = ((64, 64, 4, 3, False, False), (64, 64, 4, 4, False, False),
-                     (128, 64, 8, 3, False, False), (128, 128, 8, 3, False, False),
-                     (64, 128, 4, 3, False, False), (64, 32, 4, 3, False, False),
-                     (64, 64, 4, 3, True, False), (64, 32, 4, 2, False, False),
-                     (64, 64, 4, 2, False, False),
-                     (64, 64, 4, 3, False, True), (64, 32, 4, 3, False, True),
-                     (64, 32, 4, 2, False, True), (64, 64, 4, 2, False, True),
-                     (128, 64, 8, 3, False, True), (128, 128, 8, 3, False, True),
-                     (128, 64, 8, 2, False, True))
+                     (64, 32, 4, 3, False, False), (64, 32, 4, 2, False, False),
+                     (64, 64, 4, 2, False, False), (128, 64, 8, 3, False, False),
+                     (128, 128, 8, 3, False, False),
+                     (64, 32, 4, 3, True, False), (64, 32, 4, 2, True, False),
+                     (64, 64, 4, 2, True, False), (64, 64, 4, 3, True, False),
+                     (128, 64, 8, 2, True, False), (128, 64, 8, 3, True, False),
+                     (128, 128, 8, 3, True, False),
+                     (64, 32, 4, 3, False, True), (64, 64, 4, 3, False, True),
+                     (64, 32, 4, 3, True, True), (64, 64, 4, 2, True, True),
+                     (128, 64, 8, 2, True, True))
+
+
+def extend_candidates(kernels) -> list:
+    """:data:`EXTEND_CANDIDATES` as ``kernels.LaunchConfig`` objects."""
+    return [kernels.LaunchConfig(block_m=m, block_n=n, num_warps=w, num_stages=st, tma=tma,
+                                 lazy_rescale=lazy)
+            for m, n, w, st, tma, lazy in EXTEND_CANDIDATES]
 
 
 def decode_cell_ms(kernels, hq, hkv, d, batch, ctx, dev, config, num_splits=None) -> float:
@@ -65,9 +74,7 @@ def sweep(kernels, heads: dict, decode_cells, extend_cells, check_len: int, dev:
     kinds = {
         "decode": ([kernels.LaunchConfig(*c) for c in DECODE_CANDIDATES], decode_cells,
                    kernels.default_decode_config),
-        "extend": ([kernels.LaunchConfig(block_m=c[0], block_n=c[1], num_warps=c[2],
-                                         num_stages=c[3], pack_gqa=c[4], tma=c[5])
-                    for c in EXTEND_CANDIDATES],
+        "extend": (extend_candidates(kernels),
                    extend_cells, kernels.default_extend_config),
     }
     for kind, (candidates, cells, default) in kinds.items():

@@ -175,7 +175,10 @@ class LaunchConfig(NamedTuple):
     programs hold one KV head's query group); num_warps, num_stages: Triton launch options;
     pack_gqa (extend only): a program's rows are (token, query head) pairs of one KV head's
     group, so K/V tiles are loaded once per group; tma (extend only, with ``k_new, v_new``): the
-    new tokens' K/V tiles load through TMA tensor descriptors instead of per-row pointers.
+    new tokens' K/V tiles load through TMA tensor descriptors instead of per-row pointers;
+    lazy_rescale (extend only): the running softmax max moves, and the accumulator is rescaled,
+    only when a row's max grew by more than 2**8 (exact up to rounding; saves one multiply per
+    accumulator element on most key blocks).
     """
 
     block_n: int
@@ -184,11 +187,12 @@ class LaunchConfig(NamedTuple):
     block_m: int = 16  # decode: unused
     pack_gqa: bool = False  # extend only: rows = (token, head) pairs of a KV head's group
     tma: bool = False       # extend only: the new tokens' K/V tiles through tensor descriptors
+    lazy_rescale: bool = False  # extend only: rescale the accumulator only on a large max change
 
     def label(self) -> str:
-        pack = " packed" if self.pack_gqa else ""
-        tma = " tma" if self.tma else ""
-        return f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}{pack}{tma}"
+        flags = "".join(f" {name}" for name, on in (("packed", self.pack_gqa), ("tma", self.tma),
+                                                    ("lazy", self.lazy_rescale)) if on)
+        return f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}{flags}"
 
 
 def check_launch_config(config: LaunchConfig) -> LaunchConfig:
@@ -203,7 +207,7 @@ def check_launch_config(config: LaunchConfig) -> LaunchConfig:
         raise ValueError(f"config.num_warps must be one of 1, 2, 4, 8, 16, got {config.num_warps}")
     if not 1 <= config.num_stages <= 8:
         raise ValueError(f"config.num_stages must be in [1, 8], got {config.num_stages}")
-    for name in ("pack_gqa", "tma"):
+    for name in ("pack_gqa", "tma", "lazy_rescale"):
         if not isinstance(getattr(config, name), bool):
             raise ValueError(f"config.{name} must be True or False, got {getattr(config, name)!r}")
     return config

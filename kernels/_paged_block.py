@@ -11,6 +11,8 @@ not faithful), otherwise they enter the tensor-core dot in the query's dtype."""
 import triton
 import triton.language as tl
 
+LAZY_THRESHOLD = tl.constexpr(8.0)  # log2 units: probabilities stay below 256 between rescales
+
 
 @triton.jit
 def paged_qk_block(
@@ -50,6 +52,7 @@ def online_softmax_step(
     Q, V, VScale, v_off, page, n, kvh, offs_d, mask_n, mask_d,
     stride_vsp, stride_vss, stride_vvh_s,
     PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr, DOT_F32: tl.constexpr,
+    LAZY: tl.constexpr = False,
 ):
     """Loads the block's V through the page table; returns the updated ``(m_i, l_i, acc)``;
     acc: [R, BLOCK_D] fp32."""
@@ -61,19 +64,36 @@ def online_softmax_step(
         slot_s = page * stride_vsp + (n % PAGE_SIZE) * stride_vss + kvh * stride_vvh_s
         v = v.to(tl.float32) * tl.load(VScale + slot_s, mask=mask_n, other=0.0).to(
             tl.float32)[:, None]
-    return softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32)
+    return softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32, LAZY)
 
 
 @triton.jit
-def softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32: tl.constexpr):
+def softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32: tl.constexpr, LAZY: tl.constexpr = False):
     """One online-softmax step: fold scores ``qk [R, BLOCK_N]`` (log2-scaled, -inf where masked)
     and their values ``v [BLOCK_N, BLOCK_D]`` into ``(m_i, l_i [R], acc [R, BLOCK_D] fp32)``;
-    returns the updated triple. The row max must be finite after the step."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]  # rescaled, then accumulated into by the dot itself
+    returns the updated triple. The row max must be finite after the step.
+
+    ``LAZY``: ``m_i`` is a reference point, not the exact running max. It moves (and ``acc``,
+    ``l_i`` are rescaled: one multiply per accumulator element) only when some row's max grew
+    past it by more than ``LAZY_THRESHOLD`` (log2 units); otherwise the probabilities stay below
+    2**LAZY_THRESHOLD and the rescale is skipped for the whole block. Exact up to rounding:
+    numerator and denominator share the reference point."""
+    m_cand = tl.maximum(m_i, tl.max(qk, 1))
+    if LAZY:
+        if tl.max(m_cand - m_i, 0) > LAZY_THRESHOLD:  # +inf on the first block
+            alpha = tl.exp2(m_i - m_cand)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            m_i = m_cand
+        p = tl.exp2(qk - m_i[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        m_new = m_i
+    else:
+        m_new = m_cand
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]  # rescaled, then accumulated into by the dot itself
     if DOT_F32:
         acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
     else:

@@ -49,6 +49,7 @@ def _extend_key_block(
     stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
     PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr, DOT_F32: tl.constexpr,
     CAUSAL: tl.constexpr,  # mask keys above each row's position (else all keys < hi are visible)
+    LAZY: tl.constexpr,    # rescale the accumulator only when the row max grew by a lot
 ):
     """Fold the keys at positions ``n [BLOCK_N]`` (those ``< hi``) into the running softmax of
     the query rows at positions ``q_pos [BLOCK_M]``; returns the new ``(m_i, l_i, acc)``."""
@@ -65,7 +66,7 @@ def _extend_key_block(
         qk = qk * qk_scale
     return online_softmax_step(
         qk, m_i, l_i, acc, Q, V, VScale, v_off, page, n, kvh, offs_d, mask_n, mask_d,
-        stride_vsp, stride_vss, stride_vvh_s, PAGE_SIZE, QUANT, DOT_F32,
+        stride_vsp, stride_vss, stride_vvh_s, PAGE_SIZE, QUANT, DOT_F32, LAZY,
     )
 
 
@@ -79,6 +80,7 @@ def _new_key_block(
     CAUSAL: tl.constexpr,  # mask keys above each row's position (else all keys < hi are visible)
     MIXED: tl.constexpr,   # the block straddles the prefix end: keys below it come from the pool
     TMA: tl.constexpr,     # load the tiles through the tensor descriptors KDesc, VDesc
+    LAZY: tl.constexpr,
 ):
     """Like :func:`_extend_key_block` for the keys at positions ``n0 + offs_n`` (those ``< hi``),
     read from the new tokens' contiguous K/V (position ``p`` is row ``q_start + p - prefix`` of
@@ -108,7 +110,7 @@ def _new_key_block(
         qk = tl.where(visible, qk * qk_scale, float("-inf"))
     else:
         qk = qk * qk_scale
-    return softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32)
+    return softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32, LAZY)
 
 
 @triton.jit
@@ -132,6 +134,7 @@ def _extend_kernel(
     NEW_KV: tl.constexpr,  # keys at positions >= the prefix come from KNew, VNew, not the pool
     TMA: tl.constexpr,
     PREFIX: tl.constexpr,  # some sequence may have a cached prefix (else NEW_KV reads no page)
+    LAZY: tl.constexpr,    # LaunchConfig.lazy_rescale (see softmax_pv)
 ):
     # grid (heads, sequences, query blocks), the last query blocks (the most keys under a causal
     # mask) first: the longest programs start early and the short ones fill the tail
@@ -200,7 +203,7 @@ def _extend_kernel(
                         PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
                         stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
                         stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
-                        PAGE_SIZE, QUANT, DOT_F32, False,
+                        PAGE_SIZE, QUANT, DOT_F32, False, LAZY,
                     )
                 if pa < prefix:
                     m_i, l_i, acc = _new_key_block(
@@ -208,7 +211,7 @@ def _extend_kernel(
                         KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
                         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                         stride_knt, stride_knh, stride_vnt, stride_vnh,
-                        PAGE_SIZE, DOT_F32, BLOCK_D, True, True, False,
+                        PAGE_SIZE, DOT_F32, BLOCK_D, True, True, False, LAZY,
                     )
             for n0 in range(pb, full_hi, BLOCK_N):
                 m_i, l_i, acc = _new_key_block(
@@ -216,7 +219,7 @@ def _extend_kernel(
                     KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                     stride_knt, stride_knh, stride_vnt, stride_vnh,
-                    PAGE_SIZE, DOT_F32, BLOCK_D, False, False, TMA,
+                    PAGE_SIZE, DOT_F32, BLOCK_D, False, False, TMA, LAZY,
                 )
             for n0 in range(tl.maximum(full_hi, pb), hi, BLOCK_N):
                 m_i, l_i, acc = _new_key_block(
@@ -224,7 +227,7 @@ def _extend_kernel(
                     KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                     stride_knt, stride_knh, stride_vnt, stride_vnh,
-                    PAGE_SIZE, DOT_F32, BLOCK_D, True, False, TMA,
+                    PAGE_SIZE, DOT_F32, BLOCK_D, True, False, TMA, LAZY,
                 )
         else:
             for n0 in range(0, full_hi, BLOCK_N):
@@ -233,7 +236,7 @@ def _extend_kernel(
                     PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
                     stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
                     stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
-                    PAGE_SIZE, QUANT, DOT_F32, False,
+                    PAGE_SIZE, QUANT, DOT_F32, False, LAZY,
                 )
             for n0 in range(full_hi, hi, BLOCK_N):
                 m_i, l_i, acc = _extend_key_block(
@@ -241,7 +244,7 @@ def _extend_kernel(
                     PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
                     stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
                     stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
-                    PAGE_SIZE, QUANT, DOT_F32, True,
+                    PAGE_SIZE, QUANT, DOT_F32, True, LAZY,
                 )
 
         o = acc / l_i[:, None]
@@ -424,6 +427,7 @@ def extend_attention(
                              q.dtype if quant else k_cache.dtype),
         QUANT=quant, PACK_GQA=cfg.pack_gqa, NEW_KV=new_kv, TMA=cfg.tma,
         PREFIX=not new_kv or max_prefix_len is None or max_prefix_len > 0,
+        LAZY=cfg.lazy_rescale,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -190,3 +190,28 @@ def test_extend_reading_new_kv_equals_paged_path(seq_lens, ext, S, hq, hkv, D, c
         assert rel_err(out, paged) <= 1e-6
     else:
         assert torch.equal(out, paged)
+
+
+@pytest.mark.parametrize("q_scale", [1.0, 4.0, 30.0])
+@pytest.mark.parametrize("new_kv_path", [False, True])
+def test_extend_lazy_rescale(q_scale, new_kv_path):
+    # Larger queries spread the logits: at 4x the row max keeps growing by less than the 2**8
+    # threshold (the stale reference point is kept, probabilities above 1), at 30x it jumps past
+    # it on many blocks (rescales); both must match the reference as the exact-max path does.
+    c = make_case([90, 33, 70], [41, 33, 1], 16, 4, 2, 64, seed=11)
+    q = c.q * q_scale
+    args = (q, c.k_cache, c.v_cache, c.page_table, c.q_start_loc, c.prefix_lens, c.seq_lens,
+            c.scale)
+    ref = extend_attention_ref(*args)
+    cfg = LaunchConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, lazy_rescale=True)
+    extra = {}
+    if new_kv_path:
+        k_new, v_new = new_kv(c, poison=False)
+        extra = dict(k_new=k_new, v_new=v_new, max_prefix_len=int(c.prefix_lens.max()))
+    out = torch.full_like(q, float("nan"))
+    extend_attention(*args, out=out, config=cfg, **extra)
+    assert rel_err(out, ref) <= 1e-5
+    # the option reaches the kernel: a stale reference point rounds differently
+    exact = extend_attention(*args, config=cfg._replace(lazy_rescale=False), **extra)
+    assert rel_err(exact, ref) <= 1e-5
+    assert not torch.equal(out, exact)
