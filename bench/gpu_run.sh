@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The prepared call for a lent GPU machine (one `run` of the device tool, ~4 min):
+# The prepared call for a lent GPU machine (one `run` of the device tool, ~5 min):
 #   kernel checks, copy bandwidth, the extend launch sweep and the extend table
 #   (bench/kernels.py), then the engine on CUDA, triton vs torch backend (bench/gpu_engine.py,
 #   when the tokenizer files were carried in .gpu_carry/tok). Logs and JSON go to $OUT
 #   (bench/results without it). SECTIONS overrides the kernels.py sections.
 #
-#   run: bash bench/gpu_run.sh        carry: [".gpu_carry"]        timeout_s: 360
+#   run: bash bench/gpu_run.sh        carry: [".gpu_carry"]        timeout_s: 480
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-bench/results}
