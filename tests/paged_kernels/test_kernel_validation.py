@@ -68,11 +68,25 @@ def test_decode_rejects(over, msg):
     assert out.isnan().all()
 
 
-def test_extend_rejects_inconsistent_metadata():
+def _extend_base():
+    """An extend case (prefix 16 + 4 new, 9 new) and its keyword arguments."""
     c = make_case([20, 9], [4, 9], 16, 4, 2, 64)
-    base = dict(q=c.q, k_cache=c.k_cache, v_cache=c.v_cache, page_table=c.page_table,
-                q_start_loc=c.q_start_loc, prefix_lens=c.prefix_lens, seq_lens=c.seq_lens,
-                sm_scale=c.scale)
+    return c, dict(q=c.q, k_cache=c.k_cache, v_cache=c.v_cache, page_table=c.page_table,
+                   q_start_loc=c.q_start_loc, prefix_lens=c.prefix_lens, seq_lens=c.seq_lens,
+                   sm_scale=c.scale)
+
+
+def _assert_extend_rejects(base: dict, bad: list) -> None:
+    """Each ``(override, message)``: a ValueError matching message, the output left unwritten."""
+    for over, msg in bad:
+        out = torch.full_like(base["q"], float("nan"))
+        with pytest.raises(ValueError, match=msg):
+            extend_attention(**{**base, **over}, out=out)
+        assert out.isnan().all()
+
+
+def test_extend_rejects_inconsistent_metadata():
+    _, base = _extend_base()
     bad = [
         ({"q_start_loc": torch.tensor([0, 4, 12], dtype=torch.int32)}, r"q_start_loc\[B\]"),
         ({"q_start_loc": torch.tensor([1, 4, 13], dtype=torch.int32)}, r"q_start_loc\[0\]"),
@@ -82,11 +96,7 @@ def test_extend_rejects_inconsistent_metadata():
         ({"seq_lens": torch.tensor([20, 56], dtype=torch.int32),
           "prefix_lens": torch.tensor([16, 47], dtype=torch.int32)}, r"seq_lens must lie in \[0, 48\]"),
     ]
-    for over, msg in bad:
-        out = torch.full_like(c.q, float("nan"))
-        with pytest.raises(ValueError, match=msg):
-            extend_attention(**{**base, **over}, out=out)
-        assert out.isnan().all()
+    _assert_extend_rejects(base, bad)
 
 
 def test_store_kv_rejects_bad_slots_and_shapes():
@@ -154,10 +164,7 @@ def test_extend_refuses_a_grid_cuda_cannot_launch():
 
 
 def test_extend_rejects_bad_new_kv():
-    c = make_case([20, 9], [4, 9], 16, 4, 2, 64)
-    base = dict(q=c.q, k_cache=c.k_cache, v_cache=c.v_cache, page_table=c.page_table,
-                q_start_loc=c.q_start_loc, prefix_lens=c.prefix_lens, seq_lens=c.seq_lens,
-                sm_scale=c.scale)
+    c, base = _extend_base()
     kn = torch.randn(13, 2, 64)
     fused = torch.randn(13, 2, 65)  # rows of 65 floats: not 16-byte aligned
     tma = LaunchConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=True)
@@ -173,18 +180,11 @@ def test_extend_rejects_bad_new_kv():
         ({"k_new": kn, "v_new": kn, "max_prefix_len": 0}, r"prefix_lens must lie in \[0, 0\]"),
         ({"max_prefix_len": -1}, "max_prefix_len must be an int >= 0 or None, got -1"),
     ]
-    for over, msg in bad:
-        out = torch.full_like(c.q, float("nan"))
-        with pytest.raises(ValueError, match=msg):
-            extend_attention(**{**base, **over}, out=out)
-        assert out.isnan().all()
     from kernels._quant import quantize_ref
     kq, ks = quantize_ref(c.k_cache.nan_to_num(), torch.int8)
-    out = torch.full_like(c.q, float("nan"))
-    with pytest.raises(ValueError, match="k_new/v_new need a float cache"):
-        extend_attention(**{**base, "k_cache": kq, "v_cache": kq}, k_scale=ks, v_scale=ks,
-                         k_new=kn, v_new=kn, out=out)
-    assert out.isnan().all()
+    bad.append(({"k_cache": kq, "v_cache": kq, "k_scale": ks, "v_scale": ks, "k_new": kn,
+                 "v_new": kn}, "k_new/v_new need a float cache"))
+    _assert_extend_rejects(base, bad)
     d80 = make_case([20], [4], 16, 4, 2, 80)
     k80 = torch.randn(4, 2, 80)
     with pytest.raises(ValueError, match="config.tma needs head_dim a power of two >= 16, got 80"):
