@@ -41,76 +41,101 @@ from kernels._quant import dequantize_ref, quant_spec
 LOG2E = 1.4426950408889634
 
 
+# What every key block of a program needs, bundled (Triton tuples):
+#   qrows = (q [BLOCK_M, BLOCK_D], q_pos [BLOCK_M], kvh, offs_n, offs_d, mask_d, qk_scale)
+#   pool = (K, V, KScale, VScale, PageTable, pt_row): the paged cache and the sequence's row
+#   pstr = the 12 strides of K, K's scales, V, V's scales ([P, S, Hkv] each)
+#   new = (KNew, VNew, q_start, prefix): the new tokens' K/V, position p at row q_start+p-prefix
+#   nstr = (stride_knt, stride_knh, stride_vnt, stride_vnh)
+
+
 @triton.jit
-def _extend_key_block(
-    q, m_i, l_i, acc, n, hi, q_pos, Q, K, V, KScale, VScale, PageTable, pt_row, kvh, offs_d,
-    mask_d, qk_scale,
-    stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
-    stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
+def _scores(qk, n, mask_n, q_pos, qk_scale, CAUSAL: tl.constexpr):
+    """Scale ``qk [BLOCK_M, BLOCK_N]`` to log2 units; with ``CAUSAL`` mask (``-inf``) keys past
+    ``mask_n`` or above each row's position (else every key is visible)."""
+    if CAUSAL:
+        visible = mask_n[None, :] & (n[None, :] <= q_pos[:, None])            # [BLOCK_M, BLOCK_N]
+        return tl.where(visible, qk * qk_scale, float("-inf"))
+    return qk * qk_scale
+
+
+@triton.jit
+def _paged_block(
+    m_i, l_i, acc, n0, hi, Q, qrows, pool, pstr,
     PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr, DOT_F32: tl.constexpr,
-    CAUSAL: tl.constexpr,  # mask keys above each row's position (else all keys < hi are visible)
-    LAZY: tl.constexpr,    # rescale the accumulator only when the row max grew by a lot
+    CAUSAL: tl.constexpr, LAZY: tl.constexpr,
 ):
-    """Fold the keys at positions ``n [BLOCK_N]`` (those ``< hi``) into the running softmax of
-    the query rows at positions ``q_pos [BLOCK_M]``; returns the new ``(m_i, l_i, acc)``."""
+    """Fold the keys at positions ``n0 + offs_n`` (those ``< hi``), read through the page table,
+    into the running softmax of the query rows; returns the new ``(m_i, l_i, acc)``."""
+    q, q_pos, kvh, offs_n, offs_d, mask_d, qk_scale = qrows
+    K, V, KScale, VScale, PageTable, pt_row = pool
+    n = n0 + offs_n
     mask_n = n < hi
     qk, page, v_off = paged_qk_block(
         q, Q, K, KScale, PageTable, pt_row, n, mask_n, kvh, offs_d, mask_d,
-        stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
-        stride_vp, stride_vs, stride_vh, PAGE_SIZE, QUANT, DOT_F32,
+        pstr[0], pstr[1], pstr[2], pstr[3], pstr[4], pstr[5], pstr[6], pstr[7], pstr[8],
+        PAGE_SIZE, QUANT, DOT_F32,
     )
-    if CAUSAL:
-        visible = mask_n[None, :] & (n[None, :] <= q_pos[:, None])            # [BLOCK_M, BLOCK_N]
-        qk = tl.where(visible, qk * qk_scale, float("-inf"))
-    else:
-        qk = qk * qk_scale
+    qk = _scores(qk, n, mask_n, q_pos, qk_scale, CAUSAL)
     return online_softmax_step(
         qk, m_i, l_i, acc, Q, V, VScale, v_off, page, n, kvh, offs_d, mask_n, mask_d,
-        stride_vsp, stride_vss, stride_vvh_s, PAGE_SIZE, QUANT, DOT_F32, LAZY,
+        pstr[9], pstr[10], pstr[11], PAGE_SIZE, QUANT, DOT_F32, LAZY,
     )
 
 
 @triton.jit
-def _new_key_block(
-    q, m_i, l_i, acc, n0, hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew, KDesc, VDesc,
-    PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    stride_knt, stride_knh, stride_vnt, stride_vnh,
-    PAGE_SIZE: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,  # mask keys above each row's position (else all keys < hi are visible)
+def _new_block(
+    m_i, l_i, acc, n0, hi, Q, qrows, pool, pstr, new, nstr, KDesc, VDesc,
+    PAGE_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr,
+    CAUSAL: tl.constexpr, LAZY: tl.constexpr,
     MIXED: tl.constexpr,   # the block straddles the prefix end: keys below it come from the pool
     TMA: tl.constexpr,     # load the tiles through the tensor descriptors KDesc, VDesc
-    LAZY: tl.constexpr,
 ):
-    """Like :func:`_extend_key_block` for the keys at positions ``n0 + offs_n`` (those ``< hi``),
-    read from the new tokens' contiguous K/V (position ``p`` is row ``q_start + p - prefix`` of
-    ``KNew, VNew [T, Hkv, D]``) instead of through the page table."""
+    """Like :func:`_paged_block`, the keys read from the new tokens' contiguous K/V."""
+    q, q_pos, kvh, offs_n, offs_d, mask_d, qk_scale = qrows
+    KNew, VNew, q_start, prefix = new
     n = n0 + offs_n                                                           # [BLOCK_N]
     mask_n = n < hi
     if TMA:  # rows past the tensor's end read as zeros; masked below like any other row
         kt = KDesc.load([q_start + n0 - prefix, kvh * BLOCK_D]).T             # [BLOCK_D, BLOCK_N]
         v = VDesc.load([q_start + n0 - prefix, kvh * BLOCK_D])                # [BLOCK_N, BLOCK_D]
     else:
-        rows = (q_start + n - prefix).to(tl.int64)
-        k_ptr = KNew + rows[None, :] * stride_knt + kvh * stride_knh + offs_d[:, None]
-        v_ptr = VNew + rows[:, None] * stride_vnt + kvh * stride_vnh + offs_d[None, :]
+        r = (q_start + n - prefix).to(tl.int64)
+        k_ptr = KNew + r[None, :] * nstr[0] + kvh * nstr[1] + offs_d[:, None]
+        v_ptr = VNew + r[:, None] * nstr[2] + kvh * nstr[3] + offs_d[None, :]
         if MIXED:
+            K, V, KScale, VScale, PageTable, pt_row = pool
             cached = n < prefix
             page = tl.load(PageTable + pt_row + n // PAGE_SIZE, mask=cached & mask_n,
                            other=0).to(tl.int64)
-            k_off = page * stride_kp + (n % PAGE_SIZE) * stride_ks + kvh * stride_kh
-            v_off = page * stride_vp + (n % PAGE_SIZE) * stride_vs + kvh * stride_vh
+            k_off = page * pstr[0] + (n % PAGE_SIZE) * pstr[1] + kvh * pstr[2]
+            v_off = page * pstr[6] + (n % PAGE_SIZE) * pstr[7] + kvh * pstr[8]
             k_ptr = tl.where(cached[None, :], K + k_off[None, :] + offs_d[:, None], k_ptr)
             v_ptr = tl.where(cached[:, None], V + v_off[:, None] + offs_d[None, :], v_ptr)
         kt = tl.load(k_ptr, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         v = tl.load(v_ptr, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-    qk = qk_dot(q, kt, Q, DOT_F32)                                            # [BLOCK_M, BLOCK_N]
-    if CAUSAL:
-        visible = mask_n[None, :] & (n[None, :] <= q_pos[:, None])
-        qk = tl.where(visible, qk * qk_scale, float("-inf"))
-    else:
-        qk = qk * qk_scale
+    qk = _scores(qk_dot(q, kt, Q, DOT_F32), n, mask_n, q_pos, qk_scale, CAUSAL)
     return softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32, LAZY)
+
+
+@triton.jit
+def _key_range(
+    m_i, l_i, acc, lo, hi, Q, qrows, pool, pstr, new, nstr, KDesc, VDesc,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr, DOT_F32: tl.constexpr, LAZY: tl.constexpr,
+    PAGED: tl.constexpr,   # through the page table (else from the new tokens' K/V)
+    CAUSAL: tl.constexpr, TMA: tl.constexpr,
+):
+    """Fold the key blocks starting at ``lo, lo + BLOCK_N, ... < hi`` (keys ``< hi``)."""
+    for n0 in range(lo, hi, BLOCK_N):
+        if PAGED:
+            m_i, l_i, acc = _paged_block(m_i, l_i, acc, n0, hi, Q, qrows, pool, pstr,
+                                         PAGE_SIZE, QUANT, DOT_F32, CAUSAL, LAZY)
+        else:
+            m_i, l_i, acc = _new_block(m_i, l_i, acc, n0, hi, Q, qrows, pool, pstr, new, nstr,
+                                       KDesc, VDesc, PAGE_SIZE, BLOCK_D, DOT_F32, CAUSAL, LAZY,
+                                       False, TMA)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -188,7 +213,13 @@ def _extend_kernel(
         # block's first position), so no row's running max stays -inf.
         hi = tl.minimum(seq_len, prefix + last_tok + 1)
         full_hi = (prefix + first_tok) // BLOCK_N * BLOCK_N
-        pt_row = b * stride_pt
+        qrows = (q, q_pos, kvh, offs_n, offs_d, mask_d, qk_scale)
+        pool = (K, V, KScale, VScale, PageTable, b * stride_pt)
+        pstr = (stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
+                stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s)
+        new = (KNew, VNew, q_start, prefix)
+        nstr = (stride_knt, stride_knh, stride_vnt, stride_vnh)
+        keys = (Q, qrows, pool, pstr, new, nstr, KDesc, VDesc)
         if NEW_KV:
             # the same key blocks in the same order as below, each read from where its keys
             # live: whole prefix blocks through the page table, the block straddling the
@@ -197,55 +228,21 @@ def _extend_kernel(
             if PREFIX:
                 pa = prefix // BLOCK_N * BLOCK_N
                 pb = (prefix + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-                for n0 in range(0, pa, BLOCK_N):
-                    m_i, l_i, acc = _extend_key_block(
-                        q, m_i, l_i, acc, n0 + offs_n, pa, q_pos, Q, K, V, KScale, VScale,
-                        PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
-                        stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
-                        stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
-                        PAGE_SIZE, QUANT, DOT_F32, False, LAZY,
-                    )
+                m_i, l_i, acc = _key_range(m_i, l_i, acc, 0, pa, *keys, PAGE_SIZE, BLOCK_N,
+                                           BLOCK_D, QUANT, DOT_F32, LAZY, True, False, False)
                 if pa < prefix:
-                    m_i, l_i, acc = _new_key_block(
-                        q, m_i, l_i, acc, pa, hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew,
-                        KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
-                        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                        stride_knt, stride_knh, stride_vnt, stride_vnh,
-                        PAGE_SIZE, DOT_F32, BLOCK_D, True, True, False, LAZY,
-                    )
-            for n0 in range(pb, full_hi, BLOCK_N):
-                m_i, l_i, acc = _new_key_block(
-                    q, m_i, l_i, acc, n0, full_hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew,
-                    KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
-                    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                    stride_knt, stride_knh, stride_vnt, stride_vnh,
-                    PAGE_SIZE, DOT_F32, BLOCK_D, False, False, TMA, LAZY,
-                )
-            for n0 in range(tl.maximum(full_hi, pb), hi, BLOCK_N):
-                m_i, l_i, acc = _new_key_block(
-                    q, m_i, l_i, acc, n0, hi, q_pos, prefix, q_start, Q, K, V, KNew, VNew,
-                    KDesc, VDesc, PageTable, pt_row, kvh, offs_n, offs_d, mask_d, qk_scale,
-                    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                    stride_knt, stride_knh, stride_vnt, stride_vnh,
-                    PAGE_SIZE, DOT_F32, BLOCK_D, True, False, TMA, LAZY,
-                )
+                    m_i, l_i, acc = _new_block(m_i, l_i, acc, pa, hi, *keys, PAGE_SIZE, BLOCK_D,
+                                               DOT_F32, True, LAZY, True, False)
+            m_i, l_i, acc = _key_range(m_i, l_i, acc, pb, full_hi, *keys, PAGE_SIZE, BLOCK_N,
+                                       BLOCK_D, QUANT, DOT_F32, LAZY, False, False, TMA)
+            m_i, l_i, acc = _key_range(m_i, l_i, acc, tl.maximum(full_hi, pb), hi, *keys,
+                                       PAGE_SIZE, BLOCK_N, BLOCK_D, QUANT, DOT_F32, LAZY, False,
+                                       True, TMA)
         else:
-            for n0 in range(0, full_hi, BLOCK_N):
-                m_i, l_i, acc = _extend_key_block(
-                    q, m_i, l_i, acc, n0 + offs_n, full_hi, q_pos, Q, K, V, KScale, VScale,
-                    PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
-                    stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
-                    stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
-                    PAGE_SIZE, QUANT, DOT_F32, False, LAZY,
-                )
-            for n0 in range(full_hi, hi, BLOCK_N):
-                m_i, l_i, acc = _extend_key_block(
-                    q, m_i, l_i, acc, n0 + offs_n, hi, q_pos, Q, K, V, KScale, VScale,
-                    PageTable, pt_row, kvh, offs_d, mask_d, qk_scale,
-                    stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
-                    stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s,
-                    PAGE_SIZE, QUANT, DOT_F32, True, LAZY,
-                )
+            m_i, l_i, acc = _key_range(m_i, l_i, acc, 0, full_hi, *keys, PAGE_SIZE, BLOCK_N,
+                                       BLOCK_D, QUANT, DOT_F32, LAZY, True, False, False)
+            m_i, l_i, acc = _key_range(m_i, l_i, acc, full_hi, hi, *keys, PAGE_SIZE, BLOCK_N,
+                                       BLOCK_D, QUANT, DOT_F32, LAZY, True, True, False)
 
         o = acc / l_i[:, None]
         tl.store(
