@@ -3,15 +3,18 @@
 Sequence ``b`` has ``prefix_lens[b]`` tokens cached and appends the ``q_start_loc[b+1] -
 q_start_loc[b]`` new tokens whose queries are rows ``q_start_loc[b]:q_start_loc[b+1]`` of ``q``;
 their K/V are already stored in the pool. New token ``i`` (absolute position
-``prefix_lens[b] + i``) attends to every context token at a position ``<=`` its own, all read
-through the page table. Serves prefill, chunked prefill, prefix-cache hits and mixed batches
-(a decode is an extend of one token).
+``prefix_lens[b] + i``) attends to every context token at a position ``<=`` its own, read
+through the page table — or, when the caller passes the new tokens' K/V (``k_new, v_new``, as
+the engine does), those from their contiguous rows (through TMA with ``LaunchConfig(tma=True)``)
+and only the cached prefix through the page table. Serves prefill, chunked prefill, prefix-cache
+hits and mixed batches (a decode is an extend of one token).
 
 One program per (query block, head, sequence) runs a FlashAttention-style loop over key blocks
 with an online softmax: a block is ``BLOCK_M`` new tokens of one query head, or (``pack_gqa``)
 ``BLOCK_M`` (token, head) rows of one KV head's whole query group, which loads each K/V tile
 once per group instead of once per query head. Key blocks entirely below a query block's first
-position skip the causal mask.
+position skip the causal mask; ``LaunchConfig(lazy_rescale=True)`` skips the accumulator
+rescale while no row's max grew by more than 2**8 (:func:`kernels._paged_block.softmax_pv`).
 """
 
 from __future__ import annotations
