@@ -37,9 +37,10 @@ if str(HERE.parent) not in sys.path:
 
 WRAPPER_MODULES = ("kernels.decode_attention", "kernels.extend_attention", "kernels.kv_store",
                    "kernels.page_copy")
-# registers and shared memory of one SM (sm_80 / sm_90), shared bytes one program may use
+# one SM of sm_80 (A100) / sm_90 (H100, H200): registers, shared memory, resident programs
 SM_REGS = 65536
 SM_SHARED = {80: 167936, 90: 233472}
+SM_PROGRAMS = 32
 
 
 @dataclass
@@ -58,9 +59,11 @@ class Compiled:
     ttgir: str = field(default="", repr=False)  # the TritonGPU IR, for a closer look
 
     def programs_per_sm(self, arch: int) -> int:
+        """How many programs registers and shared memory let one SM hold (an estimate: the
+        register allocation granularity is ignored)."""
         by_regs = SM_REGS // max(1, self.regs * 32 * self.num_warps)
         by_shared = SM_SHARED[arch] // (self.shared_bytes + 1024)  # 1 KiB reserved per program
-        return min(by_regs, by_shared)
+        return min(by_regs, by_shared, SM_PROGRAMS)
 
 
 class CompileOnly:
