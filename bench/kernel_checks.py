@@ -49,16 +49,14 @@ def extend_case(kernels, log: CheckLog, hq, hkv, d, dtype, check_len, gen, dev,
                            label + (" new-kv" if with_new_kv else ""), extra)
 
 
-def new_kv_same_as_paged(kernels, log: CheckLog, hq, hkv, d, check_len, gen, dev,
-                         config=None) -> bool:
-    """Extend reading the new tokens' K/V from contiguous tensors against the same launch
-    reading them through the page table: bitwise equal (same key blocks, same order)."""
+def new_kv_same_as_paged(kernels, log: CheckLog, hq, hkv, d, check_len, gen, dev) -> bool:
+    """Extend reading the new tokens' K/V from contiguous tensors against the same (default)
+    launch reading them through the page table: bitwise equal (same key blocks, same order)."""
     prefix, ext = [0, 37, check_len // 2], [check_len // 4, check_len // 8 + 1, 1]
     args, _ = extend_inputs(prefix, ext, hq, hkv, d, torch.bfloat16, dev, gen=gen)
-    paged = kernels.extend_attention(*args, config=config)
-    got = kernels.extend_attention(*args, config=config, **new_kv(args))
-    label = "" if config is None else f" {config.label()}"
-    return log.record(f"extend {hq}/{hkv} d{d} new-kv == paged{label} (1 = not bitwise equal)",
+    paged = kernels.extend_attention(*args)
+    got = kernels.extend_attention(*args, **new_kv(args))
+    return log.record(f"extend {hq}/{hkv} d{d} new-kv == paged (1 = not bitwise equal)",
                       float(not torch.equal(got, paged)), 0)
 
 

@@ -4,12 +4,15 @@ Takes the same :class:`~runtime.forward_batch.ForwardBatch` as the torch backend
 (one new token per sequence) use the split-KV decode kernel; every other step, mixed ones
 included, uses the extend kernel, which reads the new tokens' K/V from the layer's contiguous
 tensors (a float pool holds exactly those values) and only the cached prefixes through the page
-tables. The index ranges of a batch's metadata (page table, sequence
-lengths, slots) are checked once per batch and pool, with one device sync, not once per layer.
+tables. The index ranges of a batch's metadata (page table, sequence lengths, slots) are checked
+once per batch and pool, with one device sync, not once per layer; so are the host-side maxima
+every launch takes.
 Runs on CPU only under the Triton interpreter (``TRITON_INTERPRET=1`` before import).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -19,17 +22,27 @@ from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 
 
+class BatchMaxima(NamedTuple):
+    """A batch's longest sequence, extend and cached prefix (host ints)."""
+
+    seq: int
+    extend: int
+    prefix: int
+
+
 class TritonAttentionBackend:
     name = "triton"
 
     def __init__(self) -> None:
-        # The (batch, pool) whose metadata ranges were checked last; held by reference, so the
-        # identity test cannot match a different, newer object.
-        self._checked: tuple[ForwardBatch, KVPool] | None = None
+        # The (batch, pool) whose metadata ranges were checked last, with the batch's host-side
+        # maxima; held by reference, so the identity test cannot match a different, newer object.
+        self._checked: tuple[ForwardBatch, KVPool, BatchMaxima] | None = None
 
-    def _check_batch(self, pool: KVPool, batch: ForwardBatch) -> None:
+    def _check_batch(self, pool: KVPool, batch: ForwardBatch) -> BatchMaxima:
+        """Check the batch's metadata against the pool once per (batch, pool); returns the
+        longest sequence, extend and prefix of the batch (host ints every layer's launch needs)."""
         if self._checked is not None and self._checked[0] is batch and self._checked[1] is pool:
-            return
+            return self._checked[2]
         S, P = batch.page_size, pool.num_pages
         if S != pool.page_size:
             raise ValueError(f"batch.page_size {S} differs from the pool's page_size {pool.page_size}")
@@ -45,7 +58,10 @@ class TritonAttentionBackend:
             ]
             + page_table_checks(batch.page_table, batch.seq_lens, P, S)
         )
-        self._checked = (batch, pool)
+        maxima = BatchMaxima(max(batch.seq_lens_list), max(batch.extend_lens_list),
+                             max(batch.prefix_lens_list))
+        self._checked = (batch, pool, maxima)
+        return maxima
 
     def store_kv(
         self, pool: KVPool, layer: int, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
@@ -60,7 +76,7 @@ class TritonAttentionBackend:
         k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # q: [T, Hq, D] -> [T, Hq, D]; k_new, v_new: [T, Hkv, D] or None
-        self._check_batch(pool, batch)
+        longest = self._check_batch(pool, batch)
         kc, vc = pool.k_cache(layer), pool.v_cache(layer)
         ks, vs = pool.k_scale(layer), pool.v_scale(layer)   # None unless the pool is 8-bit
         if ks is not None or k_new is None or k_new.dtype != kc.dtype or v_new.dtype != vc.dtype:
@@ -69,14 +85,13 @@ class TritonAttentionBackend:
         if batch.is_decode:
             return decode_attention(
                 q, kc, vc, batch.page_table, batch.seq_lens, scale,
-                max_seq_len=max(batch.seq_lens_list), check_indices=False,
+                max_seq_len=longest.seq, check_indices=False,
                 k_scale=ks, v_scale=vs,
             )
         return extend_attention(
             q, kc, vc, batch.page_table, batch.q_start_loc, batch.prefix_lens, batch.seq_lens,
-            scale, max_extend_len=max(batch.extend_lens_list), check_indices=False,
-            k_scale=ks, v_scale=vs, k_new=k_new, v_new=v_new,
-            max_prefix_len=max(batch.prefix_lens_list),
+            scale, max_extend_len=longest.extend, check_indices=False,
+            k_scale=ks, v_scale=vs, k_new=k_new, v_new=v_new, max_prefix_len=longest.prefix,
         )
 
     def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:
