@@ -12,6 +12,9 @@ Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_bat
 Out of pages: evict from the radix cache, then preempt the most recently admitted running
 request (its computed KV goes into the cache, it is requeued and recomputed later). A request
 is never dropped; one that cannot fit even alone ends with ``finish_reason="length"``.
+
+Token ids reach the radix cache as ``TokenKey.trusted``: prompts were validated when the
+request was made and sampled ids come from the model, so the cache does not re-check them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import NamedTuple
 
 from runtime.page_allocator import OutOfPagesError, PageAllocator
 from runtime.page_table import PageTable, PageTableStats
-from runtime.radix_cache import RadixCache
+from runtime.radix_cache import RadixCache, TokenKey
 from runtime.request import Request
 
 
@@ -92,7 +95,7 @@ class Scheduler:
     def release(self, req: Request) -> None:
         """Hand the request's computed KV to the radix cache and unlock its prefix."""
         if req.page_table is not None:
-            computed = req.all_ids[: req.num_computed]
+            computed = TokenKey.trusted(req.all_ids[: req.num_computed])
             pages = req.page_table.detach()
             self.cache.release_into_cache(computed, pages, req.group.namespace)
             req.page_table = None
@@ -108,7 +111,7 @@ class Scheduler:
         if n == 0 or not self.cache.enabled:
             return
         pages = req.page_table.pages[: n // ps]
-        tokens = req.all_ids[:n]
+        tokens = TokenKey.trusted(req.all_ids[:n])
         self.allocator.incref(pages)               # the tree's own reference
         cached = self.cache.insert(tokens, pages, req.group.namespace)
         self.allocator.decref(pages[: cached // ps])
@@ -193,7 +196,8 @@ class Scheduler:
         ps = self.cfg.page_size
         keyed = []
         for r in self.waiting:
-            m = self.cache.match_prefix(r.all_ids, r.group.namespace, record=False)
+            m = self.cache.match_prefix(TokenKey.trusted(r.all_ids), r.group.namespace,
+                                        record=False)
             starving = r.wait_steps >= self.cfg.max_wait_steps
             keyed.append((not starving, -m.length if not starving else 0, r, m))
         keyed.sort(key=lambda t: (t[0], t[1]))   # stable: FIFO among equals
@@ -203,7 +207,8 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.cfg.max_running:
                 break
             if not m.node.alive:    # an earlier admission evicted it: the match is stale
-                m = self.cache.match_prefix(req.all_ids, req.group.namespace, record=False)
+                m = self.cache.match_prefix(TokenKey.trusted(req.all_ids), req.group.namespace,
+                                            record=False)
             limit = (req.num_tokens - 1) // ps * ps
             if req.group.logprob_start is not None:
                 limit = min(limit, max(0, req.group.logprob_start - 1) // ps * ps)
