@@ -8,7 +8,7 @@ to ``runtime/radix_cache.py`` is measured against the code it replaces:
 
 Workload (page_size 1, seeded): ``--keys`` random keys of 24–40 tokens over 8 first tokens
 and a 64-token vocabulary, so keys share prefixes and each insert adds a leaf and usually a
-split (~2 nodes per key). Timed phases:
+split (76k keys make a ~100k-node tree). Timed phases:
 
 * insert — every key, as a finishing request hands its pages to the tree;
 * match  — ``--matches`` lookups of stored keys (the scheduler's admission path: keys come
