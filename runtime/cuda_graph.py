@@ -18,7 +18,8 @@ kernels sized from them (decode's split count) cover every later replay. Only ba
 launches read nothing else from the host (``graph_safe``) may be captured.
 
 The capture itself is injectable (:class:`GraphCapture`): :class:`CudaGraphCapture` on a GPU;
-tests pass a fake whose "graph" re-runs the captured callable on the same static buffers.
+CPU dry runs and tests use :class:`RerunCapture`, whose "graph" re-runs the captured callable
+on the same static buffers.
 """
 
 from __future__ import annotations
@@ -67,6 +68,28 @@ class CudaGraphCapture:
         with torch.cuda.graph(graph, pool=self.pool):
             out = fn()
         return graph, out
+
+
+class RerunCapture:
+    """A capture whose "graph" re-runs the callable on the same buffers and copies the result
+    into the first run's output: CUDA-graph semantics without CUDA, for CPU dry runs and tests
+    (the static batch's host lists follow each load, so any backend works)."""
+
+    def __init__(self) -> None:
+        self.captures = 0
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[CapturedGraph, torch.Tensor]:
+        out = fn()
+        self.captures += 1
+        return _Rerun(fn, out), out
+
+
+class _Rerun:
+    def __init__(self, fn: Callable[[], torch.Tensor], out: torch.Tensor):
+        self.fn, self.out = fn, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.fn())
 
 
 def choose_buckets(max_batch: int, buckets: Sequence[int] = BUCKETS) -> tuple[int, ...]:
@@ -221,8 +244,8 @@ def make_decode_graphs(setting: bool | None, model: torch.nn.Module, pool: KVPoo
 
     ``setting`` (``EngineConfig.cuda_graph``): None = on for CUDA with a graph-safe backend,
     off otherwise; True on a device or backend that cannot capture raises ``ValueError``.
-    ``capture`` overrides the CUDA capture (tests pass a fake that re-runs the callable, which
-    works on CPU and with any backend: the static batch's host lists follow each load).
+    ``capture`` overrides the CUDA capture (e.g. :class:`RerunCapture`, which works on CPU and
+    with any backend).
     Holds one page of ``allocator`` as the padding page for the graphs' lifetime.
     """
     if setting is not None and not isinstance(setting, bool):

@@ -1,38 +1,20 @@
-"""Decoding helpers for the CUDA-graph tests: a fake capture (its "graph" re-runs the captured
-callable on the same static buffers), a tiny random Llama, and a greedy decoder over one pool
-whose decode steps go through :class:`runtime.cuda_graph.DecodeGraphs` or run eagerly."""
+"""Decoding helpers for the CUDA-graph tests: a capture that always fails, a tiny random Llama,
+and a greedy decoder over a fresh pool whose decode steps go through
+:class:`runtime.cuda_graph.DecodeGraphs` (captured by ``RerunCapture``) or run eagerly."""
 
 from __future__ import annotations
 
 import torch
 
+from bench.greedy_decode import GreedyDecoder
 from runtime.attention.torch_backend import TorchAttentionBackend
 from runtime.cuda_graph import make_decode_graphs
-from runtime.forward_batch import build_forward_batch
 from runtime.kv_pool import KVLayout, KVPool
 from runtime.models.config import LlamaConfig
 from runtime.models.llama import LlamaModel
 from runtime.page_allocator import PageAllocator
 
 PAGE = 4
-
-
-class FakeGraph:
-    def __init__(self, fn, out):
-        self.fn, self.out = fn, out
-
-    def replay(self):
-        self.out.copy_(self.fn())   # a graph writes its captured output tensor in place
-
-
-class FakeCapture:
-    def __init__(self):
-        self.captured = 0
-
-    def capture(self, fn):
-        out = fn()
-        self.captured += 1
-        return FakeGraph(fn, out), out
 
 
 class FailingCapture:
@@ -59,59 +41,17 @@ def tiny_model(seed=0) -> LlamaModel:
     return model.eval()
 
 
-class Decoder:
-    """Greedy decoding of several prompts over one pool, pages allocated as tokens arrive;
-    ``graphs`` (or None: eager) runs the decode steps."""
-
-    def __init__(self, model, graphs_setting, capture, max_batch=8, num_pages=64, backend=None):
-        c = model.config
-        self.model, self.backend = model, backend or TorchAttentionBackend()
-        self.pool = KVPool(KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, torch.float32),
-                           PAGE, num_pages=num_pages)
-        self.alloc = PageAllocator(num_pages)
-        self.graphs = make_decode_graphs(graphs_setting, model, self.pool, self.backend,
-                                         self.alloc, max_batch, c.max_position_embeddings,
-                                         capture=capture)
-        self.pages: list[list[int]] = []
-        self.lens: list[int] = []
-        self.tokens: list[list[int]] = []
-
-    def _cover(self, b: int, n: int) -> None:
-        need = -(-(self.lens[b] + n) // PAGE) - len(self.pages[b])
-        self.pages[b] += self.alloc.allocate(max(0, need))
-
-    def prefill(self, prompts: list[list[int]]) -> None:
-        for p in prompts:
-            self.pages.append([])
-            self.lens.append(0)
-            self.tokens.append([])
-            self._cover(len(self.pages) - 1, len(p))
-            batch = build_forward_batch([p], [0], [self.pages[-1]], PAGE)
-            logits = self.model(batch, self.pool, self.backend)
-            self.lens[-1] = len(p)
-            self.tokens[-1].append(int(logits[0].argmax()))
-
-    def decode(self, rows: list[int]) -> torch.Tensor:
-        for b in rows:
-            self._cover(b, 1)
-        batch = build_forward_batch([[self.tokens[b][-1]] for b in rows],
-                                    [self.lens[b] for b in rows], [self.pages[b] for b in rows],
-                                    PAGE)
-        logits = self.graphs.run(batch) if self.graphs is not None else None
-        if logits is None:
-            logits = self.model(batch, self.pool, self.backend)
-        for i, b in enumerate(rows):
-            self.lens[b] += 1
-            self.tokens[b].append(int(logits[i].argmax()))
-        return logits
-
-    def sequence_kv(self, b: int) -> torch.Tensor:
-        """K and V of sequence ``b``'s tokens in order: [L, 2, lens[b], Hkv, D]."""
-        kv = self.pool.buffer[:, :, torch.tensor(self.pages[b])]       # [L, 2, n, S, Hkv, D]
-        return kv.flatten(2, 3)[:, :, :self.lens[b]]
-
-    def real_pages(self) -> list[int]:
-        return sorted(p for pages in self.pages for p in pages)
+def Decoder(model, graphs_setting, capture, max_batch=8, num_pages=64, backend=None):
+    """A greedy decoder over a fresh pool of ``num_pages`` pages; decode steps from graphs made
+    by ``make_decode_graphs(graphs_setting, ..., capture)`` (None when they are off)."""
+    c = model.config
+    backend = backend or TorchAttentionBackend()
+    pool = KVPool(KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, torch.float32), PAGE,
+                  num_pages=num_pages)
+    alloc = PageAllocator(num_pages)
+    graphs = make_decode_graphs(graphs_setting, model, pool, backend, alloc, max_batch,
+                                c.max_position_embeddings, capture=capture)
+    return GreedyDecoder(model, pool, backend, alloc, graphs)
 
 
 PROMPTS = [[5, 9, 13], [2, 4, 6, 8, 10, 12, 14], [1], [30, 31, 32, 33, 34], [7, 7, 7, 7, 7, 7],

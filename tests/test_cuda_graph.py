@@ -10,11 +10,11 @@ import warnings
 import pytest
 import torch
 
-from graph_decoding import (PAGE, PROMPTS, SCHEDULE, Decoder, FailingCapture, FakeCapture,
+from graph_decoding import (PAGE, PROMPTS, SCHEDULE, Decoder, FailingCapture,
                             run_schedule, tiny_model)
 from runtime.attention.torch_backend import TorchAttentionBackend
-from runtime.cuda_graph import (BUCKETS, DecodeGraphs, StaticDecodeBatch, bucket_for,
-                                choose_buckets, make_decode_graphs)
+from runtime.cuda_graph import (BUCKETS, DecodeGraphs, RerunCapture, StaticDecodeBatch,
+                                bucket_for, choose_buckets, make_decode_graphs)
 from runtime.forward_batch import build_forward_batch
 from runtime.kv_pool import KVLayout, KVPool
 from runtime.page_allocator import PageAllocator
@@ -60,7 +60,7 @@ def test_replay_matches_eager_tokens_logits_and_kv():
     model = tiny_model()
     eager = Decoder(model, False, None)
     assert eager.graphs is None
-    fake = FakeCapture()
+    fake = RerunCapture()
     graph = Decoder(model, True, fake)
     want, got = run_schedule(eager), run_schedule(graph)
     assert graph.tokens == eager.tokens
@@ -69,7 +69,7 @@ def test_replay_matches_eager_tokens_logits_and_kv():
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     g = graph.graphs
     assert g.replays == len(SCHEDULE) and g.eager_fallbacks == 0 and g.disabled is None
-    assert sorted(g.graphs) == [1, 2, 4, 8] and fake.captured == 4   # one capture per bucket
+    assert sorted(g.graphs) == [1, 2, 4, 8] and fake.captures == 4   # one capture per bucket
     # padding rows wrote only the padding page: every real page holds the eager K/V
     pad = g.static.pad_page
     assert pad not in graph.real_pages()
@@ -82,7 +82,7 @@ def test_replay_matches_eager_tokens_logits_and_kv():
 
 def test_static_output_reused_across_replays():
     model = tiny_model(1)
-    dec = Decoder(model, True, FakeCapture())
+    dec = Decoder(model, True, RerunCapture())
     dec.prefill(PROMPTS[:3])
     first = dec.decode([0, 1, 2])
     _, out, view = dec.graphs.graphs[4]
@@ -96,7 +96,7 @@ def test_static_output_reused_across_replays():
 def test_above_largest_bucket_and_prefill_run_eagerly():
     model = tiny_model(2)
     eager = Decoder(model, False, None)
-    small = Decoder(model, True, FakeCapture(), max_batch=4)   # buckets 1, 2, 4
+    small = Decoder(model, True, RerunCapture(), max_batch=4)   # buckets 1, 2, 4
     assert small.graphs.buckets == (1, 2, 4)
     run_schedule(small)
     run_schedule(eager)
@@ -138,6 +138,6 @@ def test_switch_defaults_and_bad_settings():
     with pytest.raises(ValueError, match="cuda_graph must be True, False or None"):
         make_decode_graphs("yes", model, pool, torch_backend, alloc, 8, 64)
     assert alloc.num_free == 8                                   # nothing held when off
-    graphs = make_decode_graphs(True, model, pool, torch_backend, alloc, 8, 64, FakeCapture())
+    graphs = make_decode_graphs(True, model, pool, torch_backend, alloc, 8, 64, RerunCapture())
     assert isinstance(graphs, DecodeGraphs) and alloc.num_free == 7
     assert graphs.static.max_pages == 32 // PAGE     # min(max context 64, pool capacity 32) / S

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from graph_decoding import Decoder, FakeCapture, run_schedule, tiny_model
+from graph_decoding import Decoder, run_schedule, tiny_model
 from runtime.attention.triton_backend import TritonAttentionBackend
-from runtime.cuda_graph import StaticDecodeBatch
+from runtime.cuda_graph import RerunCapture, StaticDecodeBatch
 
 SCHEDULE = [[0, 1, 2]] * 2 + [[0, 1, 2, 3, 4]] * 2 + [[4]]
 
@@ -25,7 +25,7 @@ def test_triton_decode_with_capture_time_host_values_equals_eager(monkeypatch):
     monkeypatch.setattr(StaticDecodeBatch, "load", frozen_host_load)
     model = tiny_model(4)
     eager = Decoder(model, False, None, backend=TritonAttentionBackend())
-    graph = Decoder(model, True, FakeCapture(),
+    graph = Decoder(model, True, RerunCapture(),
                     backend=TritonAttentionBackend())
     assert graph.backend.graph_safe and graph.graphs.static.max_pages == 16
     want, got = run_schedule(eager, SCHEDULE), run_schedule(graph, SCHEDULE)
