@@ -33,3 +33,24 @@ def test_gpu_engine_dry_run(tmp_path, model_path):
     sp = r["shared_prefix"]
     assert sp["output_tokens"] == 4 * 4 and sp["cache_hit_rate"] > 0.5
     assert "CUDA-graph == eager greedy tokens: yes" in proc.stdout
+
+
+def test_extend_winner_verdict(tmp_path):
+    from bench.extend_winner import main, verdict
+
+    dflt, tma = {"block_m": 64, "tma": False}, {"block_m": 64, "tma": True}
+    data = {"chosen": {"extend": {"d128": tma, "d64": dflt}},
+            "sweep": [{"kind": "extend", "heads": "d128", "config": dflt},
+                      {"kind": "extend", "heads": "d128", "config": tma},
+                      {"kind": "extend", "heads": "d64", "config": dflt}],
+            "extend": [{"heads": "d128", "prefix": 0, "ratio_graph": 1.2},
+                       {"heads": "d128", "prefix": 0, "ratio_graph": 1.35},
+                       {"heads": "d128", "prefix": 2048, "ratio_graph": 3.0},
+                       {"heads": "d64", "prefix": 0, "ratio_graph": 1.1}]}
+    v = verdict(data)
+    assert v["d128"] == {"winner": tma, "is_default": False, "prefill_ratio_graph": 1.35,
+                         "meets_target": False}
+    assert v["d64"]["is_default"] and v["d64"]["meets_target"]
+    (tmp_path / "kernels.json").write_text(json.dumps(data))
+    assert main([str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "extend_winner.json").read_text()) == v
