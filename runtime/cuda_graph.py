@@ -156,7 +156,7 @@ class StaticDecodeBatch:
     @torch.inference_mode()
     def load(self, batch: ForwardBatch, view: ForwardBatch) -> None:
         """Copy decode ``batch`` (``B`` rows) into rows ``[0, B)`` and make rows ``[B, b)`` of
-        ``view`` padding rows; the view's host lists follow (read only by a fake capture)."""
+        ``view`` padding rows; the view's host lists follow (read only by ``RerunCapture``)."""
         B, b, w = batch.batch_size, view.batch_size, batch.page_table.shape[1]
         self.input_ids[:B].copy_(batch.input_ids)
         self.positions[:B].copy_(batch.positions)
