@@ -11,21 +11,9 @@ import pytest
 from runtime import Engine, SamplingParams
 from runtime import engine as engine_module
 from runtime.cuda_graph import RerunCapture, make_decode_graphs
-from runtime.model_loader import resolve_model
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog because", "1 2 3",
            "Write a haiku about paged attention kernels.", "def fibonacci(n):", "Hello"]
-
-
-@pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
-    from bench.gpu_engine import random_llama
-
-    return random_llama(
-        resolve_model().path, tmp_path_factory.mktemp("tiny_llama"), hidden_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
-    )
 
 
 def test_switch_off_on_cpu_and_refused_when_forced(tiny_llama_dir):
