@@ -25,6 +25,23 @@ def bench_ms(fn, device: str) -> float:
     return float(do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
+def copy_gbps(nbytes: int, device: str) -> float:
+    """Device copy bandwidth in GB/s, read + write bytes of one ``nbytes`` copy: the ceiling
+    of memory-bound work."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src), device)
+    return 2 * src.numel() / ms / 1e6
+
+
+def matmul_tflops(n: int, dtype: torch.dtype, device: str) -> float:
+    """Dense ``[n, n] @ [n, n]`` rate in TFLOP/s: the ceiling of compute-bound work."""
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    ms = bench_ms(lambda: a @ b, device)
+    return 2 * n**3 / ms / 1e9
+
+
 def paged_context(lens, hkv, d, dtype, dev, page=PAGE, gen=None):
     """K/V caches [P, page, hkv, d] holding sequences of ``lens`` tokens in shuffled pages, their
     page table [B, max_pages] int32 and seq_lens [B] int32."""

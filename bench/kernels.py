@@ -45,7 +45,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 
-from bench.kernel_util import PAGE, bench_ms, extend_inputs, graph_ms, new_kv, rel_err  # noqa: E402,E501
+from bench.kernel_util import (PAGE, bench_ms, copy_gbps, extend_inputs, graph_ms,  # noqa: E402
+                               new_kv, rel_err)
 
 SECTIONS = ("checks", "ceiling", "sweep-decode", "sweep-extend", "sweep-splits", "decode",
             "extend", "kv")
@@ -82,10 +83,7 @@ SMOKE = Sizes("cpu", (1, 2), (32, 80), 160, 40, ((2, 0, 16), (1, 16, 8)), (8,), 
 
 
 def copy_bandwidth(z: Sizes) -> float:
-    src = torch.empty(z.copy_bytes, dtype=torch.uint8, device=z.device).random_()
-    dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src), z.device)
-    return 2 * src.numel() / ms / 1e6  # GB/s, read + write
+    return copy_gbps(z.copy_bytes, z.device)  # GB/s, read + write
 
 
 def bench_decode(kernels, z: Sizes, ceiling: float, sms: int, configs: dict,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from runtime.attention.base import make_backend
+from runtime.cuda_graph import make_decode_graphs
 from runtime.engine_config import EngineConfig
 from runtime.engine_loop import StepLoop
 from runtime.kv_pool import KVLayout, KVPool
@@ -74,7 +75,9 @@ class Engine:
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.page_size, cfg.max_batch_tokens, cfg.max_running,
                             cfg.max_wait_steps), self.allocator, self.cache, copy)
-        self.runner = ModelRunner(self.model, self.pool, self.backend)
+        graphs = make_decode_graphs(cfg.cuda_graph, self.model, self.pool, self.backend,
+                                    self.allocator, cfg.max_running, mc.max_position_embeddings)
+        self.runner = ModelRunner(self.model, self.pool, self.backend, graphs)
         self.max_context = mc.max_position_embeddings
         self.eos_ids = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:

@@ -27,6 +27,7 @@ class EngineConfig:
     grammar_backend: str = "xgrammar"
     enable_prefix_cache: bool = True
     seed: int = 0
+    cuda_graph: bool | None = None        # decode from CUDA graphs; None: on for CUDA + triton
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:
@@ -41,6 +42,8 @@ class EngineConfig:
             raise ValueError(f"kv_budget_mb must be > 0, got {self.kv_budget_mb!r}")
         if self.num_pages is not None and (not isinstance(self.num_pages, int) or self.num_pages < 2):
             raise ValueError(f"num_pages must be an integer >= 2, got {self.num_pages!r}")
+        if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"cuda_graph must be True, False or None (auto), got {self.cuda_graph!r}")
         if self.grammar_backend not in ("xgrammar", "outlines"):
             raise ValueError(
                 f"grammar_backend must be 'xgrammar' or 'outlines', got {self.grammar_backend!r}"

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from runtime.attention.base import AttentionBackend
+from runtime.cuda_graph import DecodeGraphs
 from runtime.forward_batch import ForwardBatch, build_forward_batch
 from runtime.kv_pool import KVPool
 from runtime.models.llama import LlamaModel
@@ -14,10 +15,15 @@ from runtime.scheduler import ScheduledItem
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: KVPool, backend: AttentionBackend):
+    """Runs steps eagerly, or decode steps from CUDA graphs when ``graphs`` is given (see
+    :mod:`runtime.cuda_graph`; steps the graphs cannot replay run eagerly)."""
+
+    def __init__(self, model: LlamaModel, pool: KVPool, backend: AttentionBackend,
+                 graphs: DecodeGraphs | None = None):
         self.model = model
         self.pool = pool
         self.backend = backend
+        self.graphs = graphs
         self.tokens_run = 0
         self.forward_passes = 0
 
@@ -35,7 +41,9 @@ class ModelRunner:
     def run(self, items: Sequence[ScheduledItem]) -> torch.Tensor:
         """Runs the step; returns logits ``[sum(len(it.logits_rows)), V]`` in item order."""
         batch = self.build_batch(items)
-        logits = self.model(batch, self.pool, self.backend)
+        logits = self.graphs.run(batch) if self.graphs is not None else None
+        if logits is None:
+            logits = self.model(batch, self.pool, self.backend)
         self.tokens_run += batch.num_tokens
         self.forward_passes += 1
         return logits

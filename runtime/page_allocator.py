@@ -8,8 +8,9 @@ Contract
 * ``incref(pages)`` adds one reference to each (the pages must be in use).
 * ``decref(pages)`` drops one reference each; a page whose count reaches 0 returns to the
   free list. Dropping a reference of a free page raises :class:`PageRefError` and changes nothing.
-Owners of references are the requests (sequences) and the radix cache; the allocator does
-not know who holds what, it only counts.
+Owners of references are the requests (sequences) and the radix cache, plus the CUDA-graph
+decode's one padding page (:mod:`runtime.cuda_graph`, held while graphs are on); the allocator
+does not know who holds what, it only counts.
 """
 
 from __future__ import annotations

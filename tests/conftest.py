@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded model (HF reference and tokenizer) and a greedy oracle."""
+"""Shared fixtures: the embedded model (HF reference and tokenizer), a greedy oracle, and a tiny
+random-weight Llama directory (2 layers, the embedded tokenizer)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,15 @@ def oracle(hf_model, tokenizer):
 @pytest.fixture(scope="session")
 def prompt_ids(tokenizer):
     return [tokenizer.encode(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    from bench.gpu_engine import random_llama
+    from runtime.model_loader import resolve_model
+
+    return random_llama(
+        resolve_model().path, tmp_path_factory.mktemp("tiny_llama"), hidden_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
+    )

@@ -17,6 +17,10 @@ from runtime.kv_pool import KVPool
 
 class AttentionBackend(Protocol):
     name: str
+    # True when a decode step's launches read, from the host, only values that bound the
+    # batch (a longest sequence given as the worst case works for every shorter one), so the
+    # step can be captured once in a CUDA graph and replayed on new metadata.
+    graph_safe: bool
 
     def store_kv(
         self, pool: KVPool, layer: int, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch

@@ -103,6 +103,7 @@ def length_buckets(lengths: list[int], max_waste: float = 0.25) -> list[list[int
 
 class TorchAttentionBackend:
     name = "torch"
+    graph_safe = False  # sizes its gathers and groups from the batch's host lists
 
     def store_kv(self, pool: KVPool, layer: int, k, v, batch: ForwardBatch) -> None:
         # k, v: [T, Hkv, D]; quantized on store when the pool is

@@ -32,6 +32,7 @@ class BatchMaxima(NamedTuple):
 
 class TritonAttentionBackend:
     name = "triton"
+    graph_safe = True   # decode launches read device metadata + the batch maxima (upper bounds)
 
     def __init__(self) -> None:
         # The (batch, pool) whose metadata ranges were checked last, with the batch's host-side

@@ -6,18 +6,6 @@ from __future__ import annotations
 import pytest
 
 from runtime import Engine, SamplingParams
-from runtime.model_loader import resolve_model
-
-
-@pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
-    from bench.gpu_engine import random_llama
-
-    return random_llama(
-        resolve_model().path, tmp_path_factory.mktemp("tiny_llama"), hidden_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
-    )
 
 
 @pytest.mark.slow
