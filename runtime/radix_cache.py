@@ -24,6 +24,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import numbers
+import time
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -50,6 +52,15 @@ class MatchResult(NamedTuple):
     length: int        # matched tokens (multiple of page_size)
     pages: list[int]   # length // page_size pages, not increfed
     node: TreeNode     # deepest matched node (the namespace root on a miss); lock it to keep pages
+
+
+class Eviction(NamedTuple):
+    """One node ``evict`` dropped (the cache keeps the last 32, for dashboards)."""
+
+    time: float        # time.time() of the eviction
+    namespace: Hashable
+    tokens: int
+    parent_id: int     # id() of the node it hung from
 
 
 @dataclass
@@ -102,6 +113,7 @@ class RadixCache:
         self._evictable = 0             # pages of nodes with lock_ref == 0
         self._protected = 0             # pages of nodes with lock_ref > 0
         self._clock = itertools.count(1)
+        self.recent_evictions: deque[Eviction] = deque(maxlen=32)
 
     # ---- lookup / insert ---------------------------------------------------------------
     def match_prefix(
@@ -350,6 +362,12 @@ class RadixCache:
         parent.children[upper.key[:ps]] = upper
         return upper
 
+    @staticmethod
+    def _namespace_of(node: TreeNode) -> Hashable:
+        while node.parent is not None:
+            node = node.parent
+        return node.namespace
+
     def _check_page_ids(self, pages: list, op: str) -> None:
         for p in pages:
             if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < self.allocator.num_pages:
@@ -391,6 +409,8 @@ class RadixCache:
             self._evictable -= len(node.pages)
             if count:
                 self.stats.evicted_pages += len(node.pages)
+                self.recent_evictions.append(Eviction(time.time(), self._namespace_of(parent),
+                                                      len(node.key), id(parent)))
             node.alive, node.parent = False, None
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
