@@ -4,6 +4,9 @@ series (named in ``POOL_SERIES``), computed by the same code."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from runtime.cache_snapshot import TreeSnapshot
 from runtime.engine_snapshot import EngineSnapshot, namespace_label, page_map
 from runtime.server.programs import ProgramTracker
 
@@ -43,7 +46,8 @@ def build(snap: EngineSnapshot, tokenizer, programs: ProgramTracker, series: dic
         "pool": {"page_size": snap.page_size, "map": states.codes.decode("ascii"),
                  "figures": figures,
                  "series": {name: s for name, (_, s) in POOL_SERIES.items()}},
-        "tree": _tree(snap, tokenizer),
+        "tree": None if snap.tree is None else tree_json(
+            snap.tree, lambda ids: tokenizer.decode(ids, skip_special_tokens=False)),
         "evictions": [{"time": e.time, "tokens": e.tokens, "parent": e.parent_id,
                        "namespace": namespace_label(e.namespace)} for e in snap.evictions],
         "requests": [r._asdict() for r in snap.requests],
@@ -52,14 +56,12 @@ def build(snap: EngineSnapshot, tokenizer, programs: ProgramTracker, series: dic
     }
 
 
-def _tree(snap: EngineSnapshot, tokenizer) -> dict | None:
-    t = snap.tree
-    if t is None:
-        return None
+def tree_json(t: TreeSnapshot, decode: Callable[[list[int]], str]) -> dict:
+    """The tree part of the document: one row per node, labels from ``decode`` (token ids →
+    text); namespace roots are labelled by their namespace."""
     nodes = []
     for r in t.rows:
-        label = namespace_label(r.namespace) if r.parent == 0 else \
-            tokenizer.decode(list(r.head), skip_special_tokens=False)
+        label = namespace_label(r.namespace) if r.parent == 0 else decode(list(r.head))
         nodes.append([r.id, r.parent, r.depth, r.tokens, r.pages, r.lock_ref, r.refcount,
                       r.last_access, r.hidden_children, r.hidden_pages, label])
     return {"columns": ["id", "parent", "depth", "tokens", "pages", "lock_ref", "refcount",

@@ -109,7 +109,6 @@
     while (stack.length) {
       const [i, x0, w, ns] = stack.pop();
       const row = rows[i], y = row[2] * rowH;
-      if (w < MIN_PX) { collapsed += 1; continue; }    // too narrow: summarised into the parent
       const hue = (ns * 67 + 200) % 360;
       ctx.fillStyle = row[2] === 0 ? `hsl(${hue},25%,85%)`
         : `hsl(${hue},${row[5] > 0 ? 60 : 40}%,${Math.max(45, 78 - row[2] * 4)}%)`;
@@ -122,27 +121,31 @@
       if (w > 40 && rowH >= 12) {
         ctx.fillStyle = "#111"; ctx.font = "11px sans-serif";
         const text = typeof row[10] === "string" ? row[10].replace(/\s+/g, " ")
-          : (row[10].kv || "") + (row[10].salt ? " salt " + row[10].salt : "");
+          : (row[10].kv || row[10].name || "") + (row[10].salt ? " · salt " + row[10].salt : "");
         ctx.fillText(text.slice(0, Math.floor(w / 6.5)), x0 + 3, y + rowH / 2 + 4);
       }
       layout.push({ id: row[0], x: x0, y, w, h: rowH, i });
       drawn += 1;
-      let cx = x0 + w * (row[3] / size[i] || 0);           // own tokens, then children
-      const hiddenW = w * row[9] * pageSize / size[i];
+      // own tokens first, then the children widest first; the narrow tail (and the cold
+      // subtrees the server collapsed) is drawn as one grey block
+      let cx = x0 + w * (row[3] / size[i] || 0);
+      let restW = w * row[9] * pageSize / size[i];
+      kids[i].sort((a, b) => size[b] - size[a]);
       for (const c of kids[i]) {
         const cw = w * size[c] / size[i];
+        if (cw < MIN_PX) { restW += cw; collapsed += 1; continue; }
         stack.push([c, cx, cw, ns]);
         cx += cw;
       }
-      if (hiddenW >= MIN_PX) {                            // collapsed cold subtrees
-        ctx.fillStyle = "#ccc";
-        ctx.fillRect(cx, y + rowH, hiddenW - 0.5, rowH - 1);
+      if (restW >= 0.5) {
+        ctx.fillStyle = "#c8c8c8";
+        ctx.fillRect(cx, y + rowH, restW, rowH - 1);
       }
     }
     state.layout = layout;
     state.treeIndex = { rows, kids, size, index };
     const shown = tree.shown_pages, all = tree.cached_pages;
-    $("tree-summary").textContent = `${n} nodes shown (${drawn} drawn), ${shown} of ${all} ` +
+    $("tree-summary").textContent = `${n} nodes (${drawn} drawn, narrower ones summarised grey), ${shown} of ${all} ` +
       `cached pages` + (tree.truncated ? " · cold subtrees collapsed" : "");
     renderPrefixes(rows, kids, size);
     return { ms: performance.now() - t0, nodes: n, drawn, collapsed };
@@ -248,8 +251,15 @@
     box.replaceChildren(...programs.slice(0, 6).map((p) => {
       const branches = [...new Set(p.nodes.map((n) => n.branch))];
       const col = new Map(branches.map((b, k) => [b, k]));
-      const X = (n) => 24 + 46 * col.get(n.branch), Y = (i) => 24 + 30 * i;
-      const W = 48 + 46 * Math.max(branches.length - 1, 0), H = 48 + 30 * Math.max(p.nodes.length - 1, 0);
+      const level = new Array(p.nodes.length).fill(0);   // longest path from the start
+      for (let pass = 0, changed = true; changed && pass < 64; pass++) {
+        changed = false;
+        for (const [a, b] of p.edges) {
+          if (level[b] < level[a] + 1) { level[b] = level[a] + 1; changed = true; }
+        }
+      }
+      const X = (n) => 24 + 46 * col.get(n.branch), Y = (i) => 24 + 34 * level[i];
+      const W = 48 + 46 * Math.max(branches.length - 1, 0), H = 48 + 34 * Math.max(0, ...level);
       const svg = svgEl("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}` });
       for (const [a, b, kind] of p.edges) {
         svg.append(svgEl("line", { x1: X(p.nodes[a]), y1: Y(a), x2: X(p.nodes[b]), y2: Y(b), class: kind }));
