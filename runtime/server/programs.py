@@ -102,7 +102,7 @@ def _graph(pid: str, run: _Run, running: set[str], waiting: set[str]) -> dict:
         if g.step > 0:
             edges.append([by_key[(g.branch, g.step - 1)], i, "seq"])
             continue
-        src = _fork_source(run, g.branch, by_key)
+        src = _fork_source(run, g.branch, i)
         if src is not None:
             edges.append([src, i, "fork"])
     for branch, (parent, after) in run.forks.items():
@@ -114,14 +114,21 @@ def _graph(pid: str, run: _Run, running: set[str], waiting: set[str]) -> dict:
     return {"id": pid, "name": run.name, "nodes": nodes, "edges": edges, "active": active}
 
 
-def _fork_source(run: _Run, branch: str, by_key: dict) -> int | None:
-    """The generation a branch's first one follows: its parent's last before the fork, or (when
-    the parent had none yet) that of the parent's own fork point."""
-    for _ in range(64):
-        parent, after = run.forks.get(branch, (None, 0))
-        if parent is None:
-            return None
-        if after > 0 and (parent, after - 1) in by_key:
-            return by_key[(parent, after - 1)]
-        branch = parent
+def _fork_source(run: _Run, branch: str, before: int) -> int | None:
+    """The generation that the first one of ``branch`` (arrived ``before``-th) follows: the
+    parent's last generation before the fork; when the parent made none (or never generated
+    at all, so the server does not know its fork point), that of the nearest ancestor, by
+    arrival. Branch paths name their ancestors (``"0/1.2"`` hangs from ``"0"``)."""
+    parent, after = run.forks.get(branch, (None, 0))
+    while parent is not None:
+        for i in range(before - 1, -1, -1):
+            g = run.gens[i]
+            if g.branch == parent and (after is None or g.step < after):
+                return i
+        grand = run.forks.get(parent)
+        parent, after = grand if grand is not None else (_path_parent(parent), None)
     return None
+
+
+def _path_parent(branch: str) -> str | None:
+    return branch.rsplit("/", 1)[0] if "/" in branch else None
