@@ -11,6 +11,7 @@ counts the children it hides and their pages. Only public fields of
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Hashable
 from typing import NamedTuple
 
@@ -44,28 +45,28 @@ class TreeSnapshot(NamedTuple):
 def snapshot_tree(cache: RadixCache, max_nodes: int) -> TreeSnapshot:
     """Up to ``max_nodes`` nodes (namespace roots included), most recently used first."""
     refcount = cache.allocator.refcount
-    heap: list[tuple[int, int, int, TreeNode]] = []   # (-last_access, id, depth, node)
-    for root in cache.roots().values():
-        heapq.heappush(heap, (-root.last_access, id(root), 0, root))
+    seq = itertools.count()                               # heap tie-breaker
+    heap = [(-root.last_access, next(seq), 0, root) for root in cache.roots().values()]
+    heapq.heapify(heap)                                   # (-last_access, seq, depth, node)
     rows: list[NodeRow] = []
-    hidden: dict[int, list[int]] = {}                 # parent id -> [children, pages]
     shown_pages = 0
-    while heap:
-        _, nid, depth, node = heapq.heappop(heap)
-        if len(rows) >= max_nodes:
-            if node.parent is not None:
-                h = hidden.setdefault(id(node.parent), [0, 0])
-                h[0] += 1
-                h[1] += len(node.pages)
-            continue
-        rows.append(NodeRow(nid, 0 if node.parent is None else id(node.parent), depth,
+    while heap and len(rows) < max_nodes:
+        _, _, depth, node = heapq.heappop(heap)
+        parent = node.parent
+        rows.append(NodeRow(id(node), 0 if parent is None else id(parent), depth,
                             len(node.key), len(node.pages), node.lock_ref,
                             refcount(node.pages[0]) if node.pages else 0, node.last_access,
                             0, 0, node.key[:LABEL_TOKENS], node.namespace))
         shown_pages += len(node.pages)
         for child in node.children.values():
-            heapq.heappush(heap, (-child.last_access, id(child), depth + 1, child))
+            heapq.heappush(heap, (-child.last_access, next(seq), depth + 1, child))
+    hidden: dict[int, list[int]] = {}                     # parent id -> [children, pages]
+    for _, _, _, node in heap:                            # the frontier: left collapsed
+        if node.parent is not None:
+            h = hidden.setdefault(id(node.parent), [0, 0])
+            h[0] += 1
+            h[1] += len(node.pages)
     if hidden:
         rows = [r._replace(hidden_children=hidden[r.id][0], hidden_pages=hidden[r.id][1])
                 if r.id in hidden else r for r in rows]
-    return TreeSnapshot(rows, cache.cached_pages, shown_pages, bool(hidden))
+    return TreeSnapshot(rows, cache.cached_pages, shown_pages, bool(heap))

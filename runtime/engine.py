@@ -247,7 +247,7 @@ class Engine:
             "page_size": self.config.page_size,
         }
 
-    def snapshot(self, max_nodes: int = 1000, pages: bool = True):
+    def snapshot(self, max_nodes: int = 500, pages: bool = True):
         """A consistent copy of the live state (metrics, up to ``max_nodes`` radix-tree nodes,
         page refcounts, requests, recent evictions), taken between steps under the step
         lock; see :mod:`runtime.engine_snapshot` (its ``cost_ms`` is the engine-thread cost)."""

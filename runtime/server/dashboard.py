@@ -2,10 +2,10 @@
 ``GET /dashboard/static/{file}`` and ``GET /dashboard/data`` (JSON, polled by the page once a
 second).
 
-``/dashboard/data?max_nodes=N`` (0..20000, default 1000) answers the document built by
-:mod:`runtime.server.dashboard_data` from one ``Engine.snapshot`` (taken in a worker thread;
-the engine pays only the copy under its step lock, reported as ``cost_ms``). A
-:class:`SeriesSampler` records the last minutes (output tokens/s, prefix hit rate, queue length,
+``/dashboard/data?max_nodes=N`` (0..20000; default 500, what the page asks for) answers the
+document built by :mod:`runtime.server.dashboard_data` from one ``Engine.snapshot`` (taken in a
+worker thread; the engine pays only the copy under its step lock, reported as ``cost_ms``).
+A :class:`SeriesSampler` records the last minutes (output tokens/s, prefix hit rate, queue length,
 KV use) once a second, whether or not a page is open. With an API key set the page and its
 static files are open (they carry no data) and ``/dashboard/data`` needs the Bearer header like
 every other route.
@@ -113,7 +113,7 @@ async def static(name: str):
 @router.get("/dashboard/data")
 async def data(request: Request):
     """Live state for the dashboard page (see the module docstring)."""
-    raw = request.query_params.get("max_nodes", "1000")
+    raw = request.query_params.get("max_nodes", "500")
     try:
         max_nodes = check_max_nodes(int(raw) if raw.isdigit() else raw)
     except ValueError as e:

@@ -4,7 +4,7 @@
 // functions and the last layout (the browser tests read them).
 "use strict";
 (function () {
-  const POLL_MS = 1000, MAX_NODES = 1500, MIN_PX = 1;
+  const POLL_MS = 1000, MAX_NODES = 500, MIN_PX = 1;
   const KEY = "agentlang_api_key";
   const $ = (id) => document.getElementById(id);
   const state = { data: null, layout: [], polls: 0, timer: null };
