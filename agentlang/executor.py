@@ -263,9 +263,9 @@ class StreamExecutor(Interpreter):
                 self.text_ += text
                 self.cond.notify_all()
 
-    def prompt(self) -> Prompt:
+    def prompt(self, tag: dict | None = None) -> Prompt:
         open_text = self.text_[self.cur_role_begin:] if self.cur_role else ""
-        return Prompt(self.text_, tuple(self.messages_), self.cur_role, open_text)
+        return Prompt(self.text_, tuple(self.messages_), self.cur_role, open_text, tag)
 
     def program_tag(self) -> dict:
         """The run / branch tag of this stream's next generation (see ``Prompt.tag``)."""
@@ -310,7 +310,7 @@ class StreamExecutor(Interpreter):
 
     def generate_text(self, opts: SamplingOptions, name: str | None = None) -> tuple[str, Any]:
         """Generate under ``opts`` at the current position, append the text, return it."""
-        backend, prompt = self.ctx.backend, self.prompt()._replace(tag=self.program_tag())
+        backend, prompt = self.ctx.backend, self.prompt(self.program_tag())
         self.gens += 1
         if not self.ctx.stream:
             result = backend.generate(prompt, opts)

@@ -48,15 +48,15 @@ def snapshot_tree(cache: RadixCache, max_nodes: int) -> TreeSnapshot:
     seq = itertools.count()                               # heap tie-breaker
     heap = [(-root.last_access, next(seq), 0, root) for root in cache.roots().values()]
     heapq.heapify(heap)                                   # (-last_access, seq, depth, node)
-    rows: list[NodeRow] = []
+    raw: list[tuple] = []                                 # NodeRow fields, hidden ones 0
     shown_pages = 0
-    while heap and len(rows) < max_nodes:
+    while heap and len(raw) < max_nodes:
         _, _, depth, node = heapq.heappop(heap)
         parent = node.parent
-        rows.append(NodeRow(id(node), 0 if parent is None else id(parent), depth,
-                            len(node.key), len(node.pages), node.lock_ref,
-                            refcount(node.pages[0]) if node.pages else 0, node.last_access,
-                            0, 0, node.key[:LABEL_TOKENS], node.namespace))
+        raw.append((id(node), 0 if parent is None else id(parent), depth, len(node.key),
+                    len(node.pages), node.lock_ref,
+                    refcount(node.pages[0]) if node.pages else 0, node.last_access,
+                    node.key[:LABEL_TOKENS], node.namespace))
         shown_pages += len(node.pages)
         for child in node.children.values():
             heapq.heappush(heap, (-child.last_access, next(seq), depth + 1, child))
@@ -66,7 +66,5 @@ def snapshot_tree(cache: RadixCache, max_nodes: int) -> TreeSnapshot:
             h = hidden.setdefault(id(node.parent), [0, 0])
             h[0] += 1
             h[1] += len(node.pages)
-    if hidden:
-        rows = [r._replace(hidden_children=hidden[r.id][0], hidden_pages=hidden[r.id][1])
-                if r.id in hidden else r for r in rows]
+    rows = [NodeRow(*r[:8], *hidden.get(r[0], (0, 0)), *r[8:]) for r in raw]
     return TreeSnapshot(rows, cache.cached_pages, shown_pages, bool(heap))

@@ -80,6 +80,9 @@ class RequestRow(NamedTuple):
     ttft_s: float | None          # arrival to first output token; None before it
     preemptions: int
 
+    def as_dict(self) -> dict:
+        return dict(zip(self._fields, self))
+
 
 @dataclass(eq=False)
 class Request:

@@ -50,7 +50,7 @@ def build(snap: EngineSnapshot, tokenizer, programs: ProgramTracker, series: dic
             snap.tree, lambda ids: tokenizer.decode(ids, skip_special_tokens=False)),
         "evictions": [{"time": e.time, "tokens": e.tokens, "parent": e.parent_id,
                        "namespace": namespace_label(e.namespace)} for e in snap.evictions],
-        "requests": [r._asdict() for r in snap.requests],
+        "requests": [r.as_dict() for r in snap.requests],
         "programs": programs.graphs(running, waiting),
         "series": series,
     }
