@@ -31,12 +31,12 @@ PREFIX = "You are a meticulous assistant for a bicycle repair shop. Keep answers
 
 
 def engine_cost(n_requests: int, max_tokens: int) -> dict:
+    import threading
+
+    from dashboard_browser import synthetic_cache
+
     from runtime import Engine, SamplingParams
     from runtime.cache_snapshot import snapshot_tree
-    from runtime.page_allocator import PageAllocator
-    from runtime.radix_cache import RadixCache
-
-    import threading
 
     eng = Engine(page_size=16, kv_budget_mb=256)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -56,12 +56,7 @@ def engine_cost(n_requests: int, max_tokens: int) -> dict:
     steps = eng.metrics()["forward_passes"] - passes0
     # a 10k-node tree, snapshotted as the page asks (500 nodes) and whole; wall and CPU time
     # (CPU time is what this thread used, whatever else the machine runs)
-    rnd = __import__("random").Random(0)
-    cache = RadixCache(PageAllocator(200_000), page_size=1)
-    while len(snapshot_tree(cache, 20_000).rows) < 10_000:
-        for _ in range(500):
-            key = [rnd.randrange(6) for _ in range(rnd.randrange(4, 14))]
-            cache.release_into_cache(key, cache.allocator.allocate(len(key)))
+    cache = synthetic_cache(10_000)
     big = {}
     for limit in (500, 1500, 10_000):
         wall, cpu = [], []
@@ -84,7 +79,7 @@ def served_throughput(rounds: int, n_requests: int, max_tokens: int) -> dict:
     import concurrent.futures as cf
 
     import httpx
-    from dashboard_browser import chromium, open_dashboard
+    from dashboard_browser import chromium, open_dashboard, render_tree_ms, synthetic_tree
     from server_harness import start_server
 
     def workload(url: str) -> float:
@@ -114,10 +109,13 @@ def served_throughput(rounds: int, n_requests: int, max_tokens: int) -> dict:
                     p0 = page.evaluate("window.dashboard.state.polls")
                     opened.append(workload(srv.url))
                     polls.append(page.evaluate("window.dashboard.state.polls") - p0)
+            with open_dashboard(srv.url, Path(tmp) / "p") as page:
+                render = render_tree_ms(page, synthetic_tree(10_000))
     finally:
         srv.stop()
     return {"closed_tok_s": closed, "open_tok_s": opened, "polls_while_open": polls,
-            "open_over_closed": statistics.mean(opened) / statistics.mean(closed)}
+            "open_over_closed": statistics.mean(opened) / statistics.mean(closed),
+            "render_10k_tree_ms": render["total_ms"], "render_10k_nodes": render["nodes"]}
 
 
 def main() -> None:

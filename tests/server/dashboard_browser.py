@@ -133,23 +133,28 @@ def in_background(*jobs: Callable[[], object]) -> list[cf.Future]:
     return futures
 
 
-def synthetic_tree(min_nodes: int, seed: int = 0) -> dict:
-    """The tree document of a real :class:`RadixCache` holding at least ``min_nodes`` nodes
-    (page_size 1, random branching keys), as ``/dashboard/data`` sends it."""
+def synthetic_cache(min_nodes: int, seed: int = 0):
+    """A real :class:`RadixCache` (page_size 1) holding at least ``min_nodes`` nodes, from
+    random branching keys."""
     from runtime.cache_snapshot import snapshot_tree
     from runtime.page_allocator import PageAllocator
     from runtime.radix_cache import RadixCache
-    from runtime.server.dashboard_data import tree_json
 
     rnd = random.Random(seed)
     cache = RadixCache(PageAllocator(20 * min_nodes), page_size=1)
-    count = 0
-    while count < min_nodes:
+    while len(snapshot_tree(cache, 10 * min_nodes).rows) < min_nodes:
         for _ in range(500):
             key = [rnd.randrange(6) for _ in range(rnd.randrange(4, 14))]
             cache.release_into_cache(key, cache.allocator.allocate(len(key)))
-        count = len(snapshot_tree(cache, 10 * min_nodes).rows)
-    snap = snapshot_tree(cache, 10 * min_nodes)
+    return cache
+
+
+def synthetic_tree(min_nodes: int, seed: int = 0) -> dict:
+    """The tree document of :func:`synthetic_cache`, as ``/dashboard/data`` sends it."""
+    from runtime.cache_snapshot import snapshot_tree
+    from runtime.server.dashboard_data import tree_json
+
+    snap = snapshot_tree(synthetic_cache(min_nodes, seed), 10 * min_nodes)
     return tree_json(snap, lambda ids: " ".join(map(str, ids)))
 
 
