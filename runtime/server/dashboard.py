@@ -18,7 +18,7 @@ import contextlib
 from collections import deque
 from importlib import resources
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from runtime.engine import Engine
@@ -110,10 +110,12 @@ async def static(name: str):
     return _static(name)
 
 
-@router.get("/dashboard/data")
-async def data(request: Request):
-    """Live state for the dashboard page (see the module docstring)."""
-    raw = request.query_params.get("max_nodes", "500")
+@router.get("/dashboard/data", responses={400: {"description": "bad max_nodes"}})
+async def data(request: Request, max_nodes: str = Query(
+        "500", description="radix-tree nodes to include, most recently used first (0..20000)")):
+    """Live state for the dashboard page (see the module docstring). 400 names ``max_nodes``
+    when it is not an integer in [0, 20000]."""
+    raw = max_nodes
     try:
         max_nodes = check_max_nodes(int(raw) if raw.isdigit() else raw)
     except ValueError as e:
