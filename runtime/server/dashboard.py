@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from importlib import resources
 
@@ -28,6 +29,7 @@ from runtime.server.errors import APIError, from_value_error
 from runtime.server.programs import ProgramTracker
 
 router = APIRouter()
+log = logging.getLogger("runtime.server")
 
 STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css",
           "dashboard.html": "text/html"}
@@ -60,7 +62,10 @@ class SeriesSampler:
 
     async def run(self) -> None:
         while True:
-            await asyncio.to_thread(self.sample)
+            try:
+                await asyncio.to_thread(self.sample)
+            except Exception:  # noqa: BLE001 - a failed sample is a gap, not a dead sampler
+                log.exception("dashboard: sampling the engine failed")
             await asyncio.sleep(self.period_s)
 
     def series(self) -> dict[str, list]:
