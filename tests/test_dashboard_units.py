@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import fnmatch
 import random
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -150,6 +149,7 @@ def test_bad_program_tags_name_the_field(tag, field):
 
 
 def test_static_files_are_package_data():
+    tomllib = pytest.importorskip("tomllib")      # Python >= 3.11
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = cfg["tool"]["setuptools"]["package-data"]["runtime.server"]
     static = ROOT / "runtime" / "server" / "static"
