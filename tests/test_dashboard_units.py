@@ -161,3 +161,23 @@ def test_static_files_are_package_data():
     assert "http://" not in html and "https://" not in html      # no CDN
     js = (static / "dashboard.js").read_text()
     assert "http://" not in js.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_evictions_are_recorded_with_namespace_and_size():
+    cache = RadixCache(PageAllocator(16), page_size=2)
+    ns = ("m", "torch.float32", "int8", "tenant-a")
+    cache.release_into_cache([1, 2, 3, 4], cache.allocator.allocate(2), ns)
+    cache.release_into_cache([1, 2, 5, 6, 7, 8], cache.allocator.allocate(3), ns)
+    assert cache.evict(16) == 4          # [1,2] once, [3,4], [5..8]
+    evs = list(cache.recent_evictions)
+    assert sorted(e.tokens for e in evs) == [2, 2, 4] and all(e.namespace == ns for e in evs)
+    assert cache.flush() == 0 and len(cache.recent_evictions) == 3   # a flush is no eviction
+
+
+def test_namespace_label_shows_precision_and_hides_the_salt():
+    from runtime.engine_snapshot import namespace_label
+
+    label = namespace_label(("SmolLM2", "torch.float32", "fp8_e4m3", "secret-tenant"))
+    assert label["kv"] == "fp8_e4m3" and label["model"] == "SmolLM2"
+    assert len(label["salt"]) == 8 and "secret" not in str(label)
+    assert "salt" not in namespace_label(("SmolLM2", "torch.float32", "float32"))
