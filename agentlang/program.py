@@ -107,7 +107,7 @@ class Program:
 
     def _execute(self, backend: Backend, arguments: dict[str, Any], defaults: SamplingOptions,
                  stream: bool) -> ProgramState:
-        ctx = RunContext(backend, backend.chat_template(), defaults, stream)
+        ctx = RunContext(backend, backend.chat_template(), defaults, stream, name=self.name)
         if defaults.seed is not None:
             ctx.rng.seed(defaults.seed)
         root = StreamExecutor(ctx)

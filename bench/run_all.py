@@ -21,6 +21,7 @@ BENCHES = [
     ("structured.py", [], ["--quick"]),
     ("kv_quant.py", [], ["--quick"]),
     ("serve.py", [], ["--quick"]),
+    ("dashboard.py", [], ["--quick"]),
 ]
 
 

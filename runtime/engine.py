@@ -233,6 +233,10 @@ class Engine:
             "evictions": c["evicted_pages"],
             "cow_copies": c["cow_copies"],
             "kv_waste_pct": c["kv_waste_pct"],
+            "kv_utilization": used / self.allocator.num_pages,
+            "pages_cache_only": c["pages_cache_only"],
+            "pages_private": c["pages_private"],
+            "pages_shared": c["pages_shared"],
             "preemptions": self.scheduler.preemptions,
             "tokens_run": self.runner.tokens_run,
             "forward_passes": self.runner.forward_passes,
@@ -243,6 +247,16 @@ class Engine:
             "num_waiting": len(self.scheduler.waiting) + self.tracker.num_waiting_grammar,
             "page_size": self.config.page_size,
         }
+
+    def snapshot(self, max_nodes: int = 500, pages: bool = True):
+        """A consistent copy of the live state (metrics, up to ``max_nodes`` radix-tree nodes,
+        page refcounts, requests, recent evictions), taken between steps under the step
+        lock; see :mod:`runtime.engine_snapshot` (its ``cost_ms`` is the engine-thread cost)."""
+        from runtime.engine_snapshot import check_max_nodes, take_snapshot
+
+        check_max_nodes(max_nodes)
+        with self._step_lock:
+            return take_snapshot(self, max_nodes, pages)
 
     def reset_peak(self) -> None:
         self.peak_pages_used = self.allocator.num_used

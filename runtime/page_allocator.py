@@ -15,8 +15,10 @@ does not know who holds what, it only counts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence, Set
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 
@@ -113,3 +115,31 @@ class PageAllocator:
 
     def refcounts_tensor(self) -> torch.Tensor:
         return torch.tensor(self._refcount, dtype=torch.int32)
+
+    def refcounts(self) -> list[int]:
+        """A copy of every page's reference count (index = page id)."""
+        return list(self._refcount)
+
+
+class PageStates(NamedTuple):
+    """Every page in exactly one of four states (the counts sum to the pool's pages)."""
+
+    free: int          # refcount 0, on the free list
+    cache_only: int    # refcount 1 and owned by the radix tree: cached, held by no request
+    private: int       # refcount 1, not in the tree: one request's own page
+    shared: int        # refcount > 1: tree + request(s), or requests sharing it (copy-on-write)
+    codes: bytes       # one ASCII digit per page: b"0" free, b"1" cache_only, b"2" private,
+    #                    b"3" shared (the page map)
+
+
+def page_states(refcounts: Sequence[int], tree_pages: Set[int]) -> PageStates:
+    """Classify pages from a refcount copy (``PageAllocator.refcounts``) and the ids of the
+    pages the radix tree owns (``RadixCache.owned_pages``)."""
+    rc = np.asarray(refcounts, dtype=np.int32)                      # [num_pages]
+    codes = np.where(rc == 0, 0, np.where(rc > 1, 3, 2)).astype(np.uint8)
+    if tree_pages:
+        tree = np.fromiter(tree_pages, dtype=np.int64, count=len(tree_pages))
+        codes[tree[rc[tree] == 1]] = 1
+    counts = np.bincount(codes, minlength=4)
+    return PageStates(int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3]),
+                      (codes + ord("0")).tobytes())

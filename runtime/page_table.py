@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from runtime.page_allocator import PageAllocator
+from runtime.page_allocator import PageAllocator, page_states
 from runtime.radix_cache import RadixCache
 
 CopyFn = Callable[[list[int], list[int]], None]  # copy_fn(src_pages, dst_pages)
@@ -192,11 +192,17 @@ def kv_usage(allocator: PageAllocator, page_size: int, tables: Iterable[PageTabl
 def memory_metrics(cache: RadixCache, tables: Iterable[PageTable],
                    stats: PageTableStats) -> dict[str, float]:
     """Every KV-memory metric in one flat dict (for the engine's / server's ``/metrics``):
-    prefix-cache hits, pages used/free/evictable/protected, evictions, COW copies, KV waste.
+    prefix-cache hits, pages used/free/evictable/protected, page states (cache-only / private /
+    shared, see ``page_states``), evictions, COW copies, KV waste.
     ``tables``: the page tables of the running requests; ``stats``: the engine's shared
     ``PageTableStats``."""
-    usage = kv_usage(cache.allocator, cache.page_size, tables, cache.owned_pages(), stats)
+    owned = cache.owned_pages()
+    usage = kv_usage(cache.allocator, cache.page_size, tables, owned, stats)
+    states = page_states(cache.allocator.refcounts(), owned)
     return cache.metrics() | {
+        "pages_cache_only": states.cache_only,
+        "pages_private": states.private,
+        "pages_shared": states.shared,
         "cow_copies": usage.cow_copies,
         "kv_allocated_slots": usage.allocated_slots,
         "kv_stored_tokens": usage.stored_tokens,

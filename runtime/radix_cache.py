@@ -26,14 +26,16 @@ separate roots, so equal tokens in different namespaces never share pages.
 from __future__ import annotations
 
 import itertools
+import time
+from collections import deque
 from collections.abc import Hashable, Sequence
 
 from runtime.page_allocator import PageAllocator
 from runtime.radix_lru import LeafQueue
-from runtime.radix_node import (CacheStats, MatchResult, TokenKey, TreeNode, check_namespace,
-                                check_tree, subtree)
+from runtime.radix_node import (CacheStats, Eviction, MatchResult, TokenKey, TreeNode,
+                                check_namespace, check_tree, namespace_of, subtree)
 
-__all__ = ["CacheStats", "MatchResult", "RadixCache", "TokenKey", "TreeNode"]
+__all__ = ["CacheStats", "Eviction", "MatchResult", "RadixCache", "TokenKey", "TreeNode"]
 
 
 class RadixCache:
@@ -52,6 +54,7 @@ class RadixCache:
         self._protected = 0             # pages of nodes with lock_ref > 0
         self._clock = itertools.count(1)
         self._lru = LeafQueue()         # the evictable leaves, least recently used first
+        self.recent_evictions: deque[Eviction] = deque(maxlen=32)
 
     # ---- lookup / insert ---------------------------------------------------------------
     def match_prefix(
@@ -315,6 +318,8 @@ class RadixCache:
             self._evictable -= len(node.pages)
             if count:
                 self.stats.evicted_pages += len(node.pages)
+                self.recent_evictions.append(Eviction(time.time(), namespace_of(parent),
+                                                      len(node.key), id(parent)))
             node.alive, node.parent = False, None
             self._lru.offer(parent)
         return freed

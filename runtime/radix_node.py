@@ -42,6 +42,15 @@ class MatchResult(NamedTuple):
     node: TreeNode     # deepest matched node (the namespace root on a miss); lock it to keep pages
 
 
+class Eviction(NamedTuple):
+    """One node ``evict`` dropped (the cache keeps the last 32, for dashboards)."""
+
+    time: float        # time.time() of the eviction
+    namespace: Hashable
+    tokens: int
+    parent_id: int     # id() of the node it hung from
+
+
 @dataclass
 class CacheStats:
     queried_tokens: int = 0   # tokens passed to match_prefix
@@ -89,6 +98,13 @@ def check_namespace(namespace: object, op: str) -> None:
         hash(namespace)
     except TypeError:
         raise ValueError(f"{op}: namespace must be hashable, got {type(namespace).__name__}")
+
+
+def namespace_of(node: TreeNode) -> Hashable:
+    """The namespace of the tree ``node`` hangs in (read off its root)."""
+    while node.parent is not None:
+        node = node.parent
+    return node.namespace
 
 
 def subtree(root: TreeNode) -> Iterator[TreeNode]:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -71,6 +71,25 @@ class RequestGroup:
                              self.prompt_logprobs, self.error)
 
 
+class RequestRow(NamedTuple):
+    """A request as a live view shows it (``Request.row``)."""
+
+    rid: str
+    index: int                    # completion index within its group (n > 1)
+    state: str                    # "running" | "waiting"
+    prompt_tokens: int
+    output_tokens: int
+    max_tokens: int | None
+    computed: int                 # tokens with K/V in the pool
+    cached_tokens: int            # prompt tokens found in the prefix cache at admission
+    age_s: float                  # since arrival
+    ttft_s: float | None          # arrival to first output token; None before it
+    preemptions: int
+
+    def as_dict(self) -> dict:
+        return dict(zip(self._fields, self))
+
+
 @dataclass(eq=False)
 class Request:
     group: RequestGroup
@@ -113,6 +132,15 @@ class Request:
     def num_uncomputed(self) -> int:
         """Tokens the next step(s) must run: the uncomputed tail plus any draft."""
         return self.num_tokens + len(self.draft) - self.num_computed
+
+    def row(self, state: str, now: float) -> RequestRow:
+        """This request as a :class:`RequestRow`; ``now`` is a ``time.perf_counter()``."""
+        g = self.group
+        return RequestRow(g.rid, self.index, state, len(g.prompt_ids), len(self.output_ids),
+                          self.params.max_tokens, self.num_computed, g.cached_tokens,
+                          now - g.arrival,
+                          None if g.first_token_time is None else g.first_token_time - g.arrival,
+                          self.preemptions)
 
     def completion(self) -> CompletionOutput:
         return CompletionOutput(self.index, self.out.text, list(self.output_ids),

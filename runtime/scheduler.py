@@ -28,7 +28,7 @@ from typing import NamedTuple
 from runtime.page_allocator import OutOfPagesError, PageAllocator
 from runtime.page_table import PageTable, PageTableStats
 from runtime.radix_cache import RadixCache, TokenKey
-from runtime.request import Request
+from runtime.request import Request, RequestRow
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,12 @@ class Scheduler:
             self.release(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+
+    def request_rows(self, now: float) -> list[RequestRow]:
+        """Running requests (admission order), then waiting ones (queue order). Call it where
+        no step runs (under the engine's step lock)."""
+        return [r.row("running", now) for r in self.running] + \
+            [r.row("waiting", now) for r in self.waiting]
 
     @property
     def has_work(self) -> bool:

@@ -35,6 +35,8 @@ class Prompt(NamedTuple):
     messages: tuple[dict, ...] = ()
     open_role: str | None = None
     open_text: str = ""
+    tag: dict | None = None           # which run / branch asks (ProgramTag.as_dict); servers
+    #                                   that show programs (our dashboard) read it, others ignore
 
 
 class GenResult(NamedTuple):

@@ -77,12 +77,12 @@ class RuntimeEndpoint(Backend):
             return self._template
 
     def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
-        return self._result(self._post("/generate", self.payload(prompt.text, opts, False)))
+        return self._result(self._post("/generate", self.payload(prompt.text, opts, False, prompt.tag)))
 
     def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[GenDelta]:
         seen = 0
         with self.client.stream("POST", "/generate",
-                                json=self.payload(prompt.text, opts, True)) as r:
+                                json=self.payload(prompt.text, opts, True, prompt.tag)) as r:
             self._raise_for(r)
             last = None
             for line in r.iter_lines():
@@ -125,7 +125,9 @@ class RuntimeEndpoint(Backend):
 
     # -- mapping ---------------------------------------------------------------------------
     @staticmethod
-    def payload(text: str, opts: SamplingOptions, stream: bool) -> dict:
+    def payload(text: str, opts: SamplingOptions, stream: bool, tag: dict | None = None) -> dict:
+        """The ``/generate`` body. ``tag`` (the program / branch asking) travels as the optional
+        top-level ``program`` field, never inside ``sampling_params``."""
         params = {
             "max_tokens": opts.max_tokens, "min_tokens": opts.min_tokens,
             "temperature": opts.temperature, "top_p": opts.top_p, "top_k": opts.top_k,
@@ -142,6 +144,8 @@ class RuntimeEndpoint(Backend):
         if opts.logprobs is not None:
             body["return_logprob"] = True
             body["top_logprobs_num"] = opts.logprobs
+        if tag is not None:
+            body["program"] = tag
         return body
 
     @staticmethod

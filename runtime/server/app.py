@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from runtime.engine import Engine
-from runtime.server import native, openai_chat, openai_completions, ops
+from runtime.server import dashboard, native, openai_chat, openai_completions, ops
 from runtime.server.auth import BearerAuth
 from runtime.server.errors import install_error_handlers
 from runtime.server.state import ServerState
@@ -27,13 +27,16 @@ log = logging.getLogger("runtime.server")
 def create_app(engine: Engine, api_key: str | None = None,
                served_model_name: str | None = None) -> FastAPI:
     state = ServerState(engine, api_key, served_model_name)
+    dash = dashboard.DashboardState(engine)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         engine.start_background_loop()
+        dash.start()
         try:
             yield
         finally:
+            await dash.stop()
             try:
                 state.release_all_prefixes()
             finally:
@@ -42,13 +45,14 @@ def create_app(engine: Engine, api_key: str | None = None,
     app = FastAPI(title="agentlang runtime", version="0.1.0", lifespan=lifespan,
                   docs_url="/docs", redoc_url=None)
     app.state.server = state
+    app.state.dashboard = dash
     install_error_handlers(app)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_req, _exc):  # nobody reads it: the client is gone
         return Response(status_code=499)
 
-    for module in (openai_chat, openai_completions, native, ops):
+    for module in (openai_chat, openai_completions, native, ops, dashboard):
         app.include_router(module.router)
     if api_key is not None:
         app.add_middleware(BearerAuth, api_key=api_key)

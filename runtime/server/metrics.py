@@ -25,6 +25,14 @@ GAUGES = (
     ("kv_pages_peak", "peak_pages_used", "Most KV pages in use at once."),
     ("prefix_cache_hit_rate", "prefix_cache_hit_rate",
      "Prefix cache hit tokens / queried tokens since start."),
+    ("kv_utilization", "kv_utilization", "KV pool pages in use / pages in all (0..1)."),
+    ("kv_waste_percent", "kv_waste_pct",
+     "Token slots of in-use pages holding no token's K/V, in percent of those slots."),
+    ("kv_pages_cache_only", "pages_cache_only",
+     "KV pages held by the prefix cache alone (refcount 1)."),
+    ("kv_pages_private", "pages_private", "KV pages held by one request alone (refcount 1)."),
+    ("kv_pages_shared", "pages_shared",
+     "KV pages with refcount > 1: cache + requests, or forks sharing them (copy-on-write)."),
 )
 COUNTERS = (
     ("prefix_cache_queried_tokens", "prefix_cache_queried_tokens",

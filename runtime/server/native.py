@@ -44,6 +44,7 @@ class GenerateRequest(_Strict):
     return_logprob: bool = False
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
+    program: Any = None   # optional DSL tag for the dashboard (runtime.server.programs)
 
 
 class ScoreRequest(_Strict):
@@ -150,10 +151,13 @@ async def generate(request: Request):
     params = [_params(state, req, len(ids)) for ids in prompts]
     await state.compile_constraint(params[0], None, "sampling_params.")
     rid = f"gen-{uuid.uuid4().hex}"
+    if req.stream and not single:
+        raise bad_request("stream: a batch of prompts cannot be streamed; send one prompt "
+                          "per request", "stream")
+    if req.program is not None:
+        request.app.state.dashboard.programs.record(
+            req.program, [rid] if req.stream else [f"{rid}-{k}" for k in range(len(prompts))])
     if req.stream:
-        if not single:
-            raise bad_request("stream: a batch of prompts cannot be streamed; send one prompt "
-                              "per request", "stream")
         return StreamingResponse(_stream(state, req, prompts[0], params[0], rid),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     work = asyncio.gather(*[state.engine.async_generate(ids, p, f"{rid}-{k}")
