@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentlang.backends.base import Backend, Prompt
+from agentlang.branch import BranchId
 from agentlang.chat_template import ChatTemplate
 from agentlang.interpreter import Interpreter, JoinItem
 from agentlang.ir import Expr
@@ -83,17 +84,6 @@ class RunContext:
 class _VarStream:
     chunks: list[str] = field(default_factory=list)
     done: bool = False
-
-
-@dataclass(frozen=True)
-class BranchId:
-    """Where a stream sits in its run's fork tree: ``path`` is ``"0"`` for the root and
-    ``"<parent>/<fork>.<i>"`` for child ``i`` of the parent's ``fork``-th fork; ``after`` is
-    how many generations the parent had started when it forked."""
-
-    path: str = "0"
-    parent: str | None = None
-    after: int = 0
 
 
 class StreamExecutor:
@@ -279,14 +269,6 @@ class StreamExecutor:
         open_text = self.text_[self.cur_role_begin:] if self.cur_role else ""
         return Prompt(self.text_, tuple(self.messages_), self.cur_role, open_text, tag)
 
-    def program_tag(self) -> dict:
-        """The run / branch tag of this stream's next generation (see ``Prompt.tag``)."""
-        b = self.branch
-        tag = {"id": self.ctx.run_id, "name": self.ctx.name, "branch": b.path}
-        if b.parent is not None:
-            tag |= {"parent": b.parent, "after": b.after}
-        return tag
-
     def open_var_stream(self, name: str | None) -> _VarStream:
         vs = _VarStream()
         if name is not None:
@@ -322,7 +304,7 @@ class StreamExecutor:
 
     def generate_text(self, opts: SamplingOptions, name: str | None = None) -> tuple[str, Any]:
         """Generate under ``opts`` at the current position, append the text, return it."""
-        backend, prompt = self.ctx.backend, self.prompt(self.program_tag())
+        backend, prompt = self.ctx.backend, self.prompt(self.branch.tag(self.ctx.run_id, self.ctx.name))
         self.gens += 1
         if not self.ctx.stream:
             result = backend.generate(prompt, opts)

@@ -24,6 +24,7 @@ from runtime.attention.base import make_backend
 from runtime.cuda_graph import make_decode_graphs
 from runtime.engine_config import EngineConfig
 from runtime.engine_loop import StepLoop
+from runtime.engine_metrics import engine_metrics
 from runtime.kv_pool import KVLayout, KVPool
 from runtime.model_loader import resolve_model
 from runtime.model_runner import ModelRunner
@@ -31,7 +32,6 @@ from runtime.models.llama import LlamaModel
 from runtime.outputs import RequestOutput, StreamDelta
 from runtime.output_processor import OutputProcessor
 from runtime.page_allocator import PageAllocator
-from runtime.page_table import memory_metrics
 from runtime.prompts import PromptInput
 from runtime.radix_cache import RadixCache
 from runtime.request import RequestGroup
@@ -213,40 +213,7 @@ class Engine:
     def metrics(self) -> dict[str, float]:
         """A consistent snapshot: read under the step's lock, never mid-step."""
         with self.step_loop.lock:
-            return self._metrics_locked()
-
-    def _metrics_locked(self) -> dict[str, float]:
-        tables = [t for t in (r.page_table for r in self.scheduler.running) if t is not None]
-        c = memory_metrics(self.cache, tables, self.scheduler.table_stats)
-        used = self.allocator.num_used
-        counters = self.tracker.counters
-        return {
-            "prefix_cache_queried_tokens": c["prefix_queried_tokens"],
-            "prefix_cache_hit_tokens": c["prefix_hit_tokens"],
-            "prefix_cache_hit_rate": c["prefix_hit_rate"],
-            "pages_total": self.allocator.num_pages,
-            "pages_used": used,
-            "pages_free": self.allocator.num_free,
-            "peak_pages_used": max(self.peak_pages_used, used),
-            "pages_evictable": self.cache.evictable_pages,
-            "pages_protected": self.cache.protected_pages,
-            "evictions": c["evicted_pages"],
-            "cow_copies": c["cow_copies"],
-            "kv_waste_pct": c["kv_waste_pct"],
-            "kv_utilization": used / self.allocator.num_pages,
-            "pages_cache_only": c["pages_cache_only"],
-            "pages_private": c["pages_private"],
-            "pages_shared": c["pages_shared"],
-            "preemptions": self.scheduler.preemptions,
-            "tokens_run": self.runner.tokens_run,
-            "forward_passes": self.runner.forward_passes,
-            "prompt_tokens": counters.prompt_tokens,
-            "generated_tokens": counters.generated_tokens,
-            "requests_finished": counters.requests_finished,
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting) + self.tracker.num_waiting_grammar,
-            "page_size": self.config.page_size,
-        }
+            return engine_metrics(self)
 
     def snapshot(self, max_nodes: int = 500, pages: bool = True):
         """A consistent copy of the live state (metrics, up to ``max_nodes`` radix-tree nodes,
@@ -255,7 +222,7 @@ class Engine:
         from runtime.engine_snapshot import check_max_nodes, take_snapshot
 
         check_max_nodes(max_nodes)
-        with self._step_lock:
+        with self.step_loop.lock:
             return take_snapshot(self, max_nodes, pages)
 
     def reset_peak(self) -> None:
