@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentlang.api import program_body
 from agentlang.chat_template import ChatTemplate
 from agentlang.graph import Edge, Graph, Node, short
 from agentlang.ir import (AgentLoop, Argument, Expr, Gen, Join, RoleBegin, RoleEnd, Select, Text,
@@ -239,7 +240,8 @@ def trace_program(program: Any, template: ChatTemplate, arguments: dict[str, Any
         args.setdefault(name, value)
     truncated = None
     try:
-        program.func(ProgramState(root), **args)
+        with program_body():
+            program.func(ProgramState(root), **args)
     except _StopTrace:
         pass
     except Exception as e:  # noqa: BLE001 - non-strict traces keep what was recorded
