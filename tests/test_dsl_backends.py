@@ -8,6 +8,7 @@ import pydantic
 import pytest
 
 import agentlang as al
+import sglang_source
 from agentlang.backends.base import Prompt, UnsupportedFeatureError
 from agentlang.chat_template import derive_chat_template
 from agentlang.sampling import make_options, run_defaults
@@ -95,29 +96,6 @@ def test_mock_is_deterministic():
 
 
 # -- RuntimeEndpoint against a fake SGLang server -------------------------------------------------
-def sglang_fields() -> tuple[set[str], set[str]]:
-    """(GenerateReqInput fields, API sampling_params fields) read from the installed sglang
-    0.5.23 wheel's source (parsed, not imported: its server modules need GPU packages)."""
-    import ast
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("sglang")
-    if spec is None:
-        pytest.skip("the sglang frontend is installed by `make install`")
-    root = Path(spec.origin).parent
-
-    def fields(rel: str, cls: str) -> list[str]:
-        tree = ast.parse((root / rel).read_text())
-        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-        return [n.target.id for n in node.body if isinstance(n, ast.AnnAssign)]
-
-    internal = {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len",
-                "is_normalized", "ebnf_full_assistant"}
-    return (set(fields("srt/managers/io_struct.py", "GenerateReqInput")),
-            set(fields("srt/sampling/sampling_params.py", "SamplingParams")) - internal)
-
-
 class FakeServer:
     """SGLang's /model_info and /generate over a Mock, recording every request and checking
     each /generate body against SGLang's own field lists (plus agentlang's declared top-level
@@ -130,8 +108,10 @@ class FakeServer:
         self.mock = al.Mock({"Answer: ": "yes", "Q: ": "streamed answer"}, chunk_size=4)
         self.requests = []
         self.model_path = str(model_path)
-        top, sampling = sglang_fields()
-        self.top_fields, self.sampling_fields = top | set(EXTENSIONS), sampling
+        if not sglang_source.installed():
+            pytest.skip("the sglang frontend is installed by `make install`")
+        self.top_fields = sglang_source.generate_fields() | set(EXTENSIONS)
+        self.sampling_fields = set(sglang_source.sampling_fields())
 
     def check_fields(self, body: dict) -> None:
         assert set(body) <= self.top_fields, set(body) - self.top_fields
