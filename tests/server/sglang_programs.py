@@ -15,8 +15,10 @@ With SGLang's frontend the default backend is its ``Runtime`` attached to the ru
 ``.endpoint``, and ``test_gen_min_new_tokens`` reads
 ``global_config.default_backend.endpoint.get_model_name()``, which a bare SGLang
 ``RuntimeEndpoint`` lacks. agentlang's ``RuntimeEndpoint`` has ``.endpoint`` itself. Only the helper modules outside
-the frontend language that the file imports are stubbed in ``agentlang`` mode
-(``sglang.srt.utils.is_hip`` and ``sglang.srt.utils.hf_transformers_utils.get_tokenizer``).
+the frontend language that the file imports are stubbed: ``sglang.srt.utils.is_hip`` in
+``agentlang`` mode, and in both modes ``sglang.srt.utils.hf_transformers_utils.get_tokenizer``
+(transformers' ``AutoTokenizer``; the real module imports SGLang's server configs, which need
+torchvision, a GPU-stack package not installed here).
 """
 
 from __future__ import annotations
@@ -46,6 +48,20 @@ def _load(path: str):
     return module
 
 
+def _get_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _tokenizer_module() -> types.ModuleType:
+    """Stand-in for ``sglang.srt.utils.hf_transformers_utils`` (its ``get_tokenizer``): the
+    real module imports SGLang's server configs, which need torchvision."""
+    hf = types.ModuleType("sglang.srt.utils.hf_transformers_utils")
+    hf.get_tokenizer = _get_tokenizer
+    return hf
+
+
 def _sglang_backend(url: str, http_errors: list) -> None:
     import sglang as sgl
     import sglang.lang.backend.runtime_endpoint as re_mod
@@ -59,6 +75,7 @@ def _sglang_backend(url: str, http_errors: list) -> None:
         return res
 
     re_mod.http_request = recording
+    sys.modules["sglang.srt.utils.hf_transformers_utils"] = _tokenizer_module()
     class Attached(re_mod.Runtime):
         """SGLang's ``Runtime`` attached to a running server (launches and stops nothing)."""
 
@@ -86,16 +103,8 @@ def _agentlang_backend(url: str, http_errors: list) -> None:
     srt = types.ModuleType("sglang.srt")
     utils = types.ModuleType("sglang.srt.utils")
     utils.is_hip = lambda: False
-    hf = types.ModuleType("sglang.srt.utils.hf_transformers_utils")
-
-    def get_tokenizer(path: str):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path)
-
-    hf.get_tokenizer = get_tokenizer
     for name, mod in (("sglang.srt", srt), ("sglang.srt.utils", utils),
-                      ("sglang.srt.utils.hf_transformers_utils", hf)):
+                      ("sglang.srt.utils.hf_transformers_utils", _tokenizer_module())):
         sys.modules[name] = mod
     backend = agentlang.RuntimeEndpoint(url)
     backend.client.event_hooks["response"].append(hook)
