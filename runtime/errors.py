@@ -35,6 +35,20 @@ class EngineError:
         return self.message if self.field is None else f"{self.field}: {self.message}"
 
 
+UNFIT_IN_KV_POOL = EngineError(ErrorCode.KV_POOL_EXCEEDED, "prompt",
+                               "the request does not fit in the KV pool, even with the prefix "
+                               "cache evicted")
+
+
+def constraint_error(field: str | None, exc: BaseException) -> EngineError:
+    """The error of a constraint that failed to compile (``exc``'s message may already start
+    with ``field``)."""
+    message = str(exc)
+    if field is not None and message.startswith(f"{field}: "):
+        message = message[len(field) + 2:]
+    return EngineError(ErrorCode.INVALID_CONSTRAINT, field, message)
+
+
 class EngineValueError(ValueError):
     """A request the engine rejects before queueing it, with its typed :attr:`error`."""
 

@@ -2,8 +2,10 @@
 
 Handlers turn :class:`APIError`, request-validation errors (FastAPI's 422 → 400), unknown routes
 (404/405) and unexpected exceptions (500) into that shape, so a client always gets JSON it can
-read and the server keeps serving. Engine ``ValueError`` messages start with the field they are
-about (``"max_tokens: must be ..."``); :func:`from_value_error` turns that into ``param``.
+read and the server keeps serving. A failed engine request carries a typed
+:class:`~runtime.errors.EngineError` (code + field) whose status comes from the one table
+:data:`ENGINE_ERROR_STATUS`; validation ``ValueError`` messages start with the field they are
+about (``"max_tokens: must be ..."``), which :func:`from_value_error` turns into ``param``.
 """
 
 from __future__ import annotations
@@ -95,12 +97,7 @@ def from_value_error(exc: ValueError, param_map: dict[str, str] | None = None,
         message = f"{param}{message[len(field):]}"
     elif field is None and param is not None:
         message = f"{param}: {message}"
-    code = "context_length_exceeded" if is_length_error(message) else None
-    return APIError(400, message, param, code)
-
-
-def is_length_error(message: str) -> bool:
-    return ("context is" in message or "KV pool" in message) and "tokens" in message
+    return APIError(400, message, param, None)
 
 
 def loc_to_param(loc: Sequence[str | int]) -> str | None:

@@ -251,6 +251,13 @@ def _completions(item: Item, out: RequestOutput) -> list[CompletionOutput]:
     return out.outputs
 
 
+def _engine_fields(req: GenerateRequest) -> dict[str, str]:
+    """Engine field → request field, for typed engine errors."""
+    return {"prompt": "text" if req.text is not None else "input_ids",
+            "grammar": "lark_grammar", "json_schema": "sampling_params.json_schema",
+            "regex": "sampling_params.regex"}
+
+
 @router.post("/generate")
 async def generate(request: Request):
     state: ServerState = request.app.state.server
@@ -273,7 +280,7 @@ async def generate(request: Request):
         state.native_rids.difference_update(it.rid for it in items)
     for out in outs:
         state.metrics.observe("generate", out.meta, "error" if out.error else "ok")
-    results = [_result(state, req, it, check_output(out), c, many)
+    results = [_result(state, req, it, check_output(out, _engine_fields(req)), c, many)
                for it, out in zip(items, outs) for c in _completions(it, out)]
     return results if many else results[0]
 
@@ -291,7 +298,7 @@ async def _stream(state: ServerState, req: GenerateRequest, items: list[Item],
             if d.output is not None:
                 state.metrics.observe("generate", d.output.meta,
                                       "error" if d.output.error else "ok")
-                out = check_output(d.output)
+                out = check_output(d.output, _engine_fields(req))
                 for c in _completions(item, out):
                     yield sse(_result(state, req, item, out, c, many))
                 continue
