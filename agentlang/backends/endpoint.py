@@ -142,22 +142,27 @@ class RuntimeEndpoint(Backend):
             yield StreamDelta("", self._result(last))
 
     def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
-        """Logprobs of each continuation's tokens after ``prefix``, from prefill-only
-        ``/generate`` calls: the prefix's token count first, then all continuations in one
-        batch with ``logprob_start_len`` one before the continuation (SGLang's first input
-        logprob is null). With an empty prefix the continuation's own first logprob is null."""
-        start = 0
-        if prefix:
-            p = self._post("/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}})
-            start = max(p["meta_info"]["prompt_tokens"] - 1, 0)
+        """Logprobs of each continuation's tokens after ``prefix``, from one prefill-only
+        ``/generate`` batch (``prefix`` and every ``prefix + continuation``) with input logprobs
+        from position 0. A continuation's tokens start where its token ids first differ from
+        the prefix's, so a token that merges the prefix's end with the continuation's start
+        (``"is " + "blue"`` → ``" blue"``) is scored whole. The first token of a prompt has no
+        logprob (``None``), as in SGLang."""
+        texts = ([prefix] if prefix else []) + [prefix + c for c in continuations]
         resp = self._post("/generate", {
-            "text": [prefix + c for c in continuations],
-            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-            "return_logprob": True, "logprob_start_len": start})
+            "text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": 0})
+        rows = [[(e[0], e[1]) for e in r["meta_info"]["input_token_logprobs"]] for r in resp]
+        if not prefix:
+            return [[lp for lp, _ in row] for row in rows]
+        base = [tid for _, tid in rows[0]]
         out = []
-        for item in resp:
-            lps = [e[0] for e in item["meta_info"]["input_token_logprobs"]]
-            out.append(lps[1:] if prefix else lps)
+        for row in rows[1:]:
+            k = 0
+            while k < min(len(base), len(row)) and base[k] == row[k][1]:
+                k += 1
+            k = min(max(k, 1), len(row) - 1)
+            out.append([lp for lp, _ in row[k:]])
         return out
 
     def cache_prefix(self, text: str) -> Any:
