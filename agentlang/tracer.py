@@ -15,6 +15,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
+from agentlang.api import program_body
 from agentlang.chat_template import ChatTemplate
 from agentlang.graph import Edge, Graph, Node, short
 from agentlang.ir import (AgentLoop, Argument, Expr, Gen, Join, RoleBegin, RoleEnd, Select, Text,
@@ -250,7 +251,8 @@ def trace_program(program: Any, template: ChatTemplate, arguments: dict[str, Any
         args.setdefault(name, value)
     truncated = None
     try:
-        program.func(ProgramState(root), **args)
+        with program_body():
+            program.func(ProgramState(root), **args)
     except _StopTrace:
         pass
     except Exception as e:  # noqa: BLE001 - non-strict traces keep what was recorded

@@ -25,6 +25,7 @@ from runtime.cuda_graph import make_decode_graphs
 from runtime.engine_config import EngineConfig
 from runtime.engine_loop import StepLoop
 from runtime.engine_metrics import engine_metrics
+from runtime.errors import UNFIT_IN_KV_POOL, EngineError, ErrorCode
 from runtime.kv_pool import KVLayout, KVPool
 from runtime.model_loader import resolve_model
 from runtime.model_runner import ModelRunner
@@ -236,7 +237,7 @@ class Engine:
             self.processor.admit_ready_grammars()
             batch = self.scheduler.schedule()
             for req in batch.unfit:
-                self.processor.finish(req, "length", error="request does not fit in the KV pool")
+                self.processor.finish(req, "length", error=UNFIT_IN_KV_POOL)
             if batch.items:
                 self.peak_pages_used = max(self.peak_pages_used, self.allocator.num_used)
                 logits = self.runner.run(batch.items)
@@ -250,7 +251,8 @@ class Engine:
         self.step_loop.shutdown()
 
     def _fail_all(self, exc: Exception) -> None:
-        self.processor.fail_all(f"engine error: {type(exc).__name__}: {exc}")
+        self.processor.fail_all(EngineError(ErrorCode.ENGINE_FAILURE, None,
+                                            f"engine error: {type(exc).__name__}: {exc}"))
 
     def _post_now(self, change: Callable[[], None]) -> None:
         """Queue ``change`` for the stepping thread; step here if no thread does."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from runtime.errors import EngineError, constraint_error
 from runtime.request import Request, RequestGroup
 from runtime.request_builder import RequestBuilder
 from runtime.request_tracker import RequestTracker
@@ -47,7 +48,8 @@ class OutputProcessor:
         except Exception as exc:  # grammar compilation failed
             req = self.builder.placeholder(group)
             group.children.append(req)
-            self.finish(req, "abort", error=f"constraint: {exc}")
+            self.finish(req, "abort",
+                        error=constraint_error(group.params.constraint_field(), exc))
             return
         group.children.append(req)
         self.scheduler.add(req)
@@ -192,7 +194,8 @@ class OutputProcessor:
         return True
 
     # ---- finishing ----------------------------------------------------------------------
-    def finish(self, req: Request, reason: str, matched=None, error: str | None = None) -> None:
+    def finish(self, req: Request, reason: str, matched=None,
+               error: EngineError | None = None) -> None:
         if req.finish_reason is not None:
             return
         req.finish_reason, req.matched_stop = reason, matched
@@ -218,13 +221,13 @@ class OutputProcessor:
         for r in list(g.children):
             self.finish(r, "abort")
 
-    def fail_all(self, message: str) -> None:
-        """Abort every live group with ``error=message`` (the engine loop hit an error)."""
+    def fail_all(self, error: EngineError) -> None:
+        """Abort every live group with ``error`` (the engine loop hit an error)."""
         for rid in self.tracker.rids():
             g = self.tracker.get(rid)
             if g is None:                      # finished while an earlier one was aborted
                 continue
-            g.error = message
+            g.error = error
             self.abort(rid)
 
     def _emit(self, reqs: Sequence[Request]) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from runtime.detokenizer import OutputText
+from runtime.errors import EngineError
 from runtime.outputs import CompletionOutput, RequestOutput, StreamDelta
 from runtime.sampler import TokenLogprob
 from runtime.sampling_params import SamplingParams
@@ -46,7 +47,7 @@ class RequestGroup:
     finish_time: float | None = None
     cached_tokens: int = 0
     prompt_logprobs: list[float | None] | None = None
-    error: str | None = None
+    error: EngineError | None = None
     on_finish: Callable[["RequestGroup"], None] | None = None
     grammar: Future[CompiledGrammar] | None = None   # the constraint's compilation, if any
     final_sent: bool = False

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from runtime.detokenizer import OutputText
+from runtime.errors import EngineError, EngineValueError, ErrorCode
 from runtime.prompts import PromptInput, normalize_prompts
 from runtime.request import Request, RequestGroup
 from runtime.sampling_params import SamplingParams
@@ -84,11 +85,13 @@ class RequestBuilder:
               prefill_only: bool = False, logprob_start: int | None = None) -> RequestGroup:
         """A group for validated token ids; its constraint (if any) starts compiling."""
         if len(ids) >= self.max_context:
-            raise ValueError(f"prompt: {len(ids)} tokens, the model's context is "
-                             f"{self.max_context} tokens")
+            raise EngineValueError(EngineError(
+                ErrorCode.CONTEXT_EXCEEDED, "prompt",
+                f"{len(ids)} tokens, the model's context is {self.max_context} tokens"))
         if len(ids) + 1 > self.capacity_tokens:
-            raise ValueError(f"prompt: {len(ids)} tokens do not fit the KV pool "
-                             f"({self.capacity_tokens} tokens; raise kv_budget_mb)")
+            raise EngineValueError(EngineError(
+                ErrorCode.KV_POOL_EXCEEDED, "prompt", f"{len(ids)} tokens do not fit the KV "
+                f"pool ({self.capacity_tokens} tokens; raise kv_budget_mb)"))
         if params.prompt_logprobs is not None and logprob_start is None:
             logprob_start = 1
         ns = self.namespace_base + ((params.cache_salt,) if params.cache_salt else ())

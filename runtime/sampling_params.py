@@ -77,7 +77,11 @@ class SamplingParams:
 
     @property
     def has_constraint(self) -> bool:
-        return any(getattr(self, k) is not None for k in CONSTRAINT_FIELDS)
+        return self.constraint_field() is not None
+
+    def constraint_field(self) -> str | None:
+        """The name of the output-constraint field that is set, if any."""
+        return next((k for k in CONSTRAINT_FIELDS if getattr(self, k) is not None), None)
 
     def _normalize(self) -> None:
         if self.stop is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.errors import UNFIT_IN_KV_POOL
 from runtime.output_processor import OutputProcessor
 from runtime.page_allocator import PageAllocator
 from runtime.radix_cache import RadixCache
@@ -102,7 +103,7 @@ class StepHarness:
         self.processor.admit_ready_grammars()
         batch = self.scheduler.schedule()
         for req in batch.unfit:
-            self.processor.finish(req, "length", error="request does not fit in the KV pool")
+            self.processor.finish(req, "length", error=UNFIT_IN_KV_POOL)
         if batch.items:
             self.processor.process(batch.items, self.runner.run(batch.items))
         return self.scheduler.has_work or self.tracker.num_waiting_grammar > 0

@@ -7,6 +7,7 @@ from concurrent.futures import Future
 
 import pytest
 
+from runtime.errors import EngineError, ErrorCode
 from step_harness import EOS, StepHarness, expected_tokens, greedy, next_token
 
 
@@ -122,8 +123,9 @@ def test_abort_frees_everything_and_fail_all_reports():
     h.processor.abort(a.rid)
     assert only(a).finish_reason == "abort" and h.tracker.get(a.rid) is None
     h.processor.abort("no-such-request")            # unknown ids are ignored
-    h.processor.fail_all("engine error: boom")
-    assert only(b).finish_reason == "abort" and b.output().error == "engine error: boom"
+    boom = EngineError(ErrorCode.ENGINE_FAILURE, None, "engine error: boom")
+    h.processor.fail_all(boom)
+    assert only(b).finish_reason == "abort" and b.output().error == boom
     assert h.tracker.rids() == []
     h.assert_no_leak()
 
@@ -139,7 +141,7 @@ def test_grammar_wait_then_failure_aborts_with_the_reason():
     fut.set_exception(ValueError("regex: unsupported"))
     h.run()
     assert only(g).finish_reason == "abort"
-    assert g.output().error == "constraint: regex: unsupported"
+    assert g.output().error == EngineError(ErrorCode.INVALID_CONSTRAINT, None, "regex: unsupported")
     assert h.tracker.num_waiting_grammar == 0 and h.tracker.counters.requests_finished == 1
     h.assert_no_leak()
 

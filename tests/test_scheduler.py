@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.errors import UNFIT_IN_KV_POOL, ErrorCode
 from step_harness import StepHarness, expected_tokens
 
 PS = 4
@@ -113,7 +114,7 @@ def test_request_that_cannot_fit_alone_ends_with_length():
     h.run()
     out = g.output()
     assert out.outputs[0].finish_reason == "length"
-    assert out.error == "request does not fit in the KV pool"
+    assert out.error == UNFIT_IN_KV_POOL and out.error.code is ErrorCode.KV_POOL_EXCEEDED
     h.assert_no_leak()
 
 

@@ -15,7 +15,8 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from runtime.engine import Engine
-from runtime.server import dashboard, native, openai_chat, openai_completions, ops
+from runtime.server import dashboard, native, native_control, native_generate, \
+    native_info, openai_chat, openai_completions, ops
 from runtime.server.auth import BearerAuth
 from runtime.server.errors import install_error_handlers
 from runtime.server.state import ServerState
@@ -52,7 +53,8 @@ def create_app(engine: Engine, api_key: str | None = None,
     async def _gone(_req, _exc):  # nobody reads it: the client is gone
         return Response(status_code=499)
 
-    for module in (openai_chat, openai_completions, native, ops, dashboard):
+    for module in (openai_chat, openai_completions, native_generate, native, native_info,
+                   native_control, ops, dashboard):
         app.include_router(module.router)
     if api_key is not None:
         app.add_middleware(BearerAuth, api_key=api_key)

@@ -1,8 +1,9 @@
 """Bearer-token check as a plain ASGI middleware (it must not buffer streaming responses).
 
-With an API key set, every HTTP request except ``GET /health`` and the dashboard's page and
-static files (they carry no data; the page asks for the key and sends it on its data requests)
-needs ``Authorization: Bearer <key>``; anything else gets a 401 OpenAI-style error."""
+With an API key set, every HTTP request except ``GET /health``, ``/health_generate`` (open, as
+in SGLang) and the dashboard's page and static files (they carry no data; the page asks for the
+key and sends it on its data requests) needs ``Authorization: Bearer <key>``; anything else gets
+a 401 OpenAI-style error."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 from runtime.server import dashboard
 from runtime.server.errors import error_body
 
-OPEN_PATHS = frozenset({"/health"}) | dashboard.OPEN_PATHS
+OPEN_PATHS = frozenset({"/health", "/health_generate"}) | dashboard.OPEN_PATHS  # as in SGLang
 
 
 class BearerAuth:
