@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from runtime.kv_plan import describe_engine
@@ -21,7 +21,7 @@ async def health(request: Request):
     return {"status": "ok", "model": state.served_model_name}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request):
     state: ServerState = request.app.state.server
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
