@@ -1,6 +1,6 @@
 """Bearer-token check as a plain ASGI middleware (it must not buffer streaming responses).
 
-With an API key set, every HTTP request except ``GET /health`` needs
+With an API key set, every HTTP request except ``GET /health`` and ``/health_generate`` needs
 ``Authorization: Bearer <key>``; anything else gets a 401 OpenAI-style error."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 
 from runtime.server.errors import error_body
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/health_generate"})   # open, as in SGLang
 
 
 class BearerAuth:
