@@ -21,6 +21,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from pydantic import Field
 
 from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.sampling_params import SamplingParams
@@ -28,7 +29,9 @@ from runtime.server.chat import normalize_messages
 from runtime.server.errors import APIError, bad_request, from_value_error
 from runtime.server.logprobs import native_logprobs
 from runtime.server.openai_common import check_output
-from runtime.server.protocol import ChatMessage, _Strict, parse_body
+from runtime.server.openapi import STREAMED, json_body
+from runtime.server.protocol import NON_EMPTY_TEXT, TEXTS, TOKEN_IDS, ChatMessage, TokenIdList, \
+    _Strict, documented, parse_body
 from runtime.server.state import ServerState
 from runtime.server.streaming import DONE, SSE_HEADERS, error_event, merge_streams, sse, \
     until_disconnect
@@ -37,43 +40,46 @@ router = APIRouter()
 
 
 class GenerateRequest(_Strict):
-    text: Any = None
-    input_ids: Any = None
+    # exactly one of text (one prompt or a batch) and input_ids (one or a batch)
+    text: documented({"anyOf": [NON_EMPTY_TEXT, TEXTS, {"type": "null"}]}) = None
+    input_ids: documented({"anyOf": [TOKEN_IDS, {"type": "array", "minItems": 1,
+                                                  "items": TOKEN_IDS}, {"type": "null"}]}) = None
     sampling_params: dict | None = None
     stream: bool = False
     return_logprob: bool = False
-    top_logprobs_num: int = 0
+    top_logprobs_num: int = Field(0, ge=0)
     logprob_start_len: int = -1
 
 
 class ScoreRequest(_Strict):
-    prefix: Any
-    continuations: list[str]
+    prefix: documented({"anyOf": [{"type": "string"}, TOKEN_IDS]})
+    continuations: list[str] = Field(min_length=1)
 
 
 class TextRequest(_Strict):
-    text: Any = None
-    input_ids: Any = None
+    # exactly one of text and input_ids
+    text: documented({"anyOf": [NON_EMPTY_TEXT, {"type": "null"}]}) = None
+    input_ids: documented({"anyOf": [TOKEN_IDS, {"type": "null"}]}) = None
 
 
 class HandleRequest(_Strict):
-    handle: Any
+    handle: documented({"type": "string"})   # a handle /cache_prefix returned
 
 
 class ChatTemplateRequest(_Strict):
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
 
 
 class TokenizeRequest(_Strict):
     text: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
 
 
 class DetokenizeRequest(_Strict):
-    tokens: list[int]
+    tokens: TokenIdList
     skip_special_tokens: bool = False
 
 
@@ -142,7 +148,7 @@ def _result(state, req, out: RequestOutput, c: CompletionOutput, params, many: b
     return r
 
 
-@router.post("/generate")
+@router.post("/generate", responses=STREAMED, openapi_extra=json_body(GenerateRequest))
 async def generate(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, GenerateRequest)
@@ -196,7 +202,7 @@ async def _stream(state: ServerState, req: GenerateRequest, ids: list[int],
     yield DONE
 
 
-@router.post("/score")
+@router.post("/score", openapi_extra=json_body(ScoreRequest))
 async def score(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, ScoreRequest)
@@ -212,7 +218,7 @@ async def score(request: Request):
     return {"logprobs": logprobs}
 
 
-@router.post("/cache_prefix")
+@router.post("/cache_prefix", openapi_extra=json_body(TextRequest))
 async def cache_prefix(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, TextRequest)
@@ -224,7 +230,7 @@ async def cache_prefix(request: Request):
     return {"handle": state.add_prefix(handle), "tokens": len(handle.token_ids)}
 
 
-@router.post("/release_prefix")
+@router.post("/release_prefix", openapi_extra=json_body(HandleRequest))
 async def release_prefix(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, HandleRequest)
@@ -233,7 +239,7 @@ async def release_prefix(request: Request):
     return {"released": True}
 
 
-@router.post("/apply_chat_template")
+@router.post("/apply_chat_template", openapi_extra=json_body(ChatTemplateRequest))
 async def apply_chat_template(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, ChatTemplateRequest)
@@ -241,7 +247,7 @@ async def apply_chat_template(request: Request):
     return {"text": state.engine.apply_chat_template(messages, req.add_generation_prompt)}
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
 async def tokenize(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, TokenizeRequest)
@@ -256,7 +262,7 @@ async def tokenize(request: Request):
     return {"tokens": ids, "count": len(ids), "max_model_len": state.token_limit}
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
 async def detokenize(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, DetokenizeRequest)

@@ -21,8 +21,8 @@ from runtime.server.openai_common import (
     finish_reason,
     usage,
 )
-from runtime.server.openapi import STREAMED
-from runtime.server.protocol import ChatCompletionRequest
+from runtime.server.openapi import STREAMED, json_body
+from runtime.server.protocol import ChatCompletionRequest, parse_body
 from runtime.server.state import ServerState
 from runtime.server.streaming import DONE, SSE_HEADERS, error_event, merge_streams, sse, \
     until_disconnect
@@ -32,9 +32,11 @@ router = APIRouter()
 _TAG = "<tool_call>"
 
 
-@router.post("/v1/chat/completions", responses=STREAMED)
-async def chat_completions(request: Request, req: ChatCompletionRequest):
+@router.post("/v1/chat/completions", responses=STREAMED,
+             openapi_extra=json_body(ChatCompletionRequest))
+async def chat_completions(request: Request):
     state: ServerState = request.app.state.server
+    req = await parse_body(request, ChatCompletionRequest)
     state.check_model(req.model)
     plan = plan_tools(req.tools, req.tool_choice)
     messages = with_tool_prompt(normalize_messages(req.messages), plan)

@@ -25,8 +25,8 @@ from runtime.server.openai_common import (
     finish_reason,
     sum_usage,
 )
-from runtime.server.openapi import STREAMED
-from runtime.server.protocol import MAX_PROMPTS, CompletionRequest
+from runtime.server.openapi import STREAMED, json_body
+from runtime.server.protocol import MAX_PROMPTS, CompletionRequest, parse_body
 from runtime.server.state import ServerState
 from runtime.server.streaming import DONE, SSE_HEADERS, error_event, merge_streams, sse, \
     until_disconnect
@@ -44,9 +44,10 @@ async def list_models(request: Request):
     return {"object": "list", "data": [card]}
 
 
-@router.post("/v1/completions", responses=STREAMED)
-async def completions(request: Request, req: CompletionRequest):
+@router.post("/v1/completions", responses=STREAMED, openapi_extra=json_body(CompletionRequest))
+async def completions(request: Request):
     state: ServerState = request.app.state.server
+    req = await parse_body(request, CompletionRequest)
     state.check_model(req.model)
     if req.suffix:
         raise bad_request("suffix: not supported by this server", "suffix")

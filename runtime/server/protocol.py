@@ -6,13 +6,14 @@ JSON schema (in ``/openapi.json``) is what the server accepts: ranges are pydant
 (the same ones :class:`runtime.SamplingParams` enforces), and fields whose JSON type is a union
 (``prompt``, ``stop``, ``tool_choice``, message ``content``) are ``Any`` for validation, checked
 where they are used with messages naming the field, and documented with their real shape
-(``WithJsonSchema``). A token id is documented as the ``TokenId`` component, which the OpenAPI
-builder (:mod:`runtime.server.openapi`) bounds by the served model's vocabulary.
+(``WithJsonSchema``). A token id is documented as ``TOKEN_ID`` (an integer >= 0, marked so that
+the OpenAPI builder, :mod:`runtime.server.openapi`, bounds it by the served model's vocabulary).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Request
@@ -24,18 +25,23 @@ M = TypeVar("M", bound=BaseModel)
 
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 ROLES = ("system", "developer", "user", "assistant", "tool")
-TOKEN_ID_REF = {"$ref": "#/components/schemas/TokenId"}
+TOKEN_ID_MARK = "x-token-id"   # the OpenAPI builder bounds such an integer by the vocabulary
+TOKEN_ID = {"type": "integer", "minimum": 0, TOKEN_ID_MARK: True}
 NON_EMPTY_TEXT = {"type": "string", "minLength": 1}
 TEXT_PART = {"type": "object", "required": ["type", "text"],
              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
 STOP_SCHEMA = {"anyOf": [NON_EMPTY_TEXT, {"type": "array", "items": NON_EMPTY_TEXT},
                          {"type": "null"}]}
-TOKEN_IDS = {"type": "array", "minItems": 1, "items": TOKEN_ID_REF}
+TOKEN_IDS = {"type": "array", "minItems": 1, "items": TOKEN_ID}
+TEXTS = {"type": "array", "minItems": 1, "items": NON_EMPTY_TEXT}
 
 
 def documented(schema: dict) -> Any:
     """An ``Any`` field (validated where it is used) documented with ``schema``."""
     return Annotated[Any, WithJsonSchema(schema)]
+
+
+TokenIdList = Annotated[list[int], WithJsonSchema({"type": "array", "items": TOKEN_ID})]
 
 
 class _Strict(BaseModel):
@@ -152,12 +158,32 @@ class CompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
 
 
+def _json_number(text: str) -> int | float:
+    """A JSON number written with a fraction or an exponent: an ``int`` when it is integral
+    (JSON and JSON Schema's ``integer`` make ``3.0`` and ``3`` the same number, so a count or a
+    token id may come as ``3.0``); ``ValueError`` when it overflows a double."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return int(value) if value.is_integer() else value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """Standard JSON (no ``NaN``/``Infinity``), integral numbers as ``int`` (see
+    :func:`_json_number`); ``ValueError`` (``json.JSONDecodeError`` included) otherwise."""
+    return json.loads(raw, parse_float=_json_number, parse_constant=_no_constant)
+
+
 async def parse_body(request: Request, model: type[M]) -> M:
     """The JSON body validated as ``model``; 400 (OpenAI error) for bad JSON or a bad field."""
     raw = await request.body()
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = parse_json(raw)
+    except ValueError as e:       # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise APIError(400, f"request body is not valid JSON: {e}", None, "invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(data).__name__}",
