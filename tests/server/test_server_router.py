@@ -9,14 +9,11 @@ reach both replicas.
 
 from __future__ import annotations
 
-import sys
-
 import httpx
 import pytest
-from server_harness import REPO, metrics
+from server_harness import metrics
 
-sys.path.insert(0, str(REPO))
-from bench.cluster import router_workers, start_cluster  # noqa: E402
+from bench.cluster import router_workers, start_cluster   # importable: server_harness adds REPO
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
