@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from agentlang.choices import ChoicesMethod, token_length_normalized
@@ -46,6 +48,43 @@ def set_default_backend(backend: Any) -> None:
 
 def get_default_backend() -> Any:
     return _DEFAULT_BACKEND.get()
+
+
+class GlobalConfig:
+    """SGLang's ``global_config`` object, as far as programs read or set it:
+    ``default_backend`` is the same backend ``set_default_backend`` sets. Holds no state of
+    its own."""
+
+    @property
+    def default_backend(self) -> Any:
+        return get_default_backend()
+
+    @default_backend.setter
+    def default_backend(self, backend: Any) -> None:
+        set_default_backend(backend)
+
+
+global_config = GlobalConfig()
+
+# Whether the running code is the body of a program being run or traced: there a program
+# call composes into the caller's state; outside it runs the program (SGLang's semantics).
+# A context variable, so each thread (and each program body) sees its own value.
+_IN_PROGRAM: contextvars.ContextVar[bool] = contextvars.ContextVar("agentlang_in_program",
+                                                                  default=False)
+
+
+@contextlib.contextmanager
+def program_body() -> Iterator[None]:
+    """Marks the code inside as a program body (see :func:`in_program`)."""
+    token = _IN_PROGRAM.set(True)
+    try:
+        yield
+    finally:
+        _IN_PROGRAM.reset(token)
+
+
+def in_program() -> bool:
+    return _IN_PROGRAM.get()
 
 
 def function(func: Callable | None = None) -> Any:

@@ -9,7 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agentlang.api import get_default_backend
+from agentlang.api import get_default_backend, in_program, program_body
 from agentlang.backends.base import Backend
 from agentlang.compiler import plan_batch
 from agentlang.executor import RunContext, StreamExecutor
@@ -84,10 +84,14 @@ class Program:
 
     # -- composition ---------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """``other(s, ...)`` runs this program's body on state ``s`` now;
-        ``s += other(...)`` does the same at that point of ``s``."""
+        """Inside a running program, ``other(s, ...)`` runs this program's body on state ``s``
+        now and ``s += other(...)`` does the same at that point of ``s``. Outside one, the call
+        runs the program, as :meth:`run` with the same arguments (``stream``, ``backend`` and
+        sampling options included), and returns its state."""
         if args and isinstance(args[0], ProgramState):
             return self.call_inline(args[0], self.arguments(args[1:], kwargs))
+        if not in_program():
+            return self.run(*args, **kwargs)
         return Call(self, tuple(self.arguments(args, kwargs, complete=False).items()))
 
     def call_inline(self, state: ProgramState, arguments: dict[str, Any]) -> Any:
@@ -116,7 +120,8 @@ class Program:
 
         def body() -> None:
             try:
-                state.ret_value = self.func(state, **arguments)
+                with program_body():
+                    state.ret_value = self.func(state, **arguments)
             except BaseException as e:  # noqa: BLE001 - re-raised below or via the stream
                 failure.append(e)
                 if root.error_ is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runtime.errors import EngineError
 from runtime.sampler import TokenLogprob
 
 
@@ -25,7 +26,7 @@ class RequestOutput:
     meta: dict = field(default_factory=dict)
     # prompt_logprobs[i] is the logprob of prompt token i (None where not computed)
     prompt_logprobs: list[float | None] | None = None
-    error: str | None = None
+    error: EngineError | None = None
 
     @property
     def finished(self) -> bool:

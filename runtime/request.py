@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.detokenizer import OutputText
+from runtime.errors import EngineError
 from runtime.outputs import CompletionOutput, RequestOutput, StreamDelta
 from runtime.sampler import TokenLogprob
 from runtime.sampling_params import SamplingParams
@@ -39,7 +40,7 @@ class RequestGroup:
     finish_time: float | None = None
     cached_tokens: int = 0
     prompt_logprobs: list[float | None] | None = None
-    error: str | None = None
+    error: EngineError | None = None
     on_finish: Callable[["RequestGroup"], None] | None = None
     grammar: object | None = None         # Future[CompiledGrammar] while compiling, then it
     final_sent: bool = False

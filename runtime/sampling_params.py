@@ -78,8 +78,12 @@ class SamplingParams:
 
     @property
     def has_constraint(self) -> bool:
-        return any(getattr(self, k) is not None
-                   for k in ("json_schema", "regex", "choices", "grammar", "value_type"))
+        return self.constraint_field() is not None
+
+    def constraint_field(self) -> str | None:
+        """The name of the output-constraint field that is set, if any."""
+        return next((k for k in ("json_schema", "regex", "choices", "grammar", "value_type")
+                     if getattr(self, k) is not None), None)
 
     def _normalize(self) -> None:
         if self.stop is None:

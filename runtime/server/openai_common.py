@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.outputs import RequestOutput
-from runtime.server.errors import APIError, bad_request
+from runtime.server.errors import APIError, bad_request, engine_error
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from runtime.server.tools import ToolPlan
 
@@ -78,16 +78,15 @@ def sum_usage(metas: list[dict]) -> dict:
     return usage(total)
 
 
-def check_output(out: RequestOutput | None) -> RequestOutput:
-    """Raise the error a failed engine request stands for."""
+def check_output(out: RequestOutput | None,
+                 param_map: dict[str, str] | None = None) -> RequestOutput:
+    """Raise the error a failed engine request stands for (its typed code picks the status,
+    :data:`~runtime.server.errors.ENGINE_ERROR_STATUS`); ``param_map`` renames engine fields
+    to request fields."""
     if out is None:
         raise APIError(500, "the engine ended the request without an output")
-    if out.error:
-        if "KV pool" in out.error:
-            raise APIError(400, f"prompt: {out.error}", "prompt", "context_length_exceeded")
-        if out.error.startswith("constraint:"):
-            raise APIError(400, out.error, None, "invalid_constraint")
-        raise APIError(500, out.error)
+    if out.error is not None:
+        raise engine_error(out.error, param_map)
     return out
 
 

@@ -23,7 +23,9 @@ async def health(request: Request):
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request):
     state: ServerState = request.app.state.server
-    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    # off the event loop: the engine's figures are read under its step lock
+    body = await asyncio.to_thread(state.metrics.render)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])

@@ -41,6 +41,12 @@ def documented(schema: dict) -> Any:
     return Annotated[Any, WithJsonSchema(schema)]
 
 
+def one_or_each(schema: dict) -> Any:
+    """One value for every prompt of a batch, a list with one per prompt, or null (default)."""
+    return documented({"anyOf": [schema, {"type": "array", "items": schema}, {"type": "null"}]})
+
+
+NULL_ONLY = documented({"type": "null"})      # not supported by this server: absent or null
 TokenIdList = Annotated[list[int], WithJsonSchema({"type": "array", "items": TOKEN_ID})]
 
 

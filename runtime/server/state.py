@@ -26,6 +26,7 @@ class ServerState:
     tokens: TokenTexts = field(init=False)
     created: int = field(default_factory=lambda: int(time.time()))
     prefixes: dict[str, PrefixHandle] = field(default_factory=dict)
+    native_rids: set[str] = field(default_factory=set)   # running /generate rids (abort)
     _handle_ids: Any = field(default_factory=lambda: itertools.count(1))
     _grammar_lock: asyncio.Lock | None = None
 

@@ -3,8 +3,9 @@ the cost of each generated request so the run fits the test suite's time on a CP
 
 Only values inside the documented range are lowered (an out-of-range value is kept, so a
 negative case stays negative): at most ``MAX_NEW`` new tokens and ``MAX_N`` completions per
-prompt; a request that leaves ``max_tokens`` out (chat: "up to the context") gets
-``MAX_NEW``. Nothing else about the generated request changes.
+prompt; a chat request without ``max_tokens`` (up to the context) and a ``/generate`` one
+without ``max_new_tokens`` (128, or up to the context when null) get ``MAX_NEW``, and
+``min_tokens`` / ``min_new_tokens`` stay within the new length. Nothing else changes.
 """
 
 from __future__ import annotations
@@ -21,23 +22,22 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def bound(params: dict, length_default: bool) -> None:
-    """Lower in-range lengths and counts of one request (or ``sampling_params``) in place."""
+def bound(params: dict, default_key: str | None) -> None:
+    """Lower in-range lengths and counts of one request (or ``sampling_params``) in place;
+    ``default_key``: the length field to set when no length is given (None: leave it)."""
     lengths = [k for k in LENGTH_FIELDS if k in params]
+    floors = [m for m in ("min_tokens", "min_new_tokens") if _is_int(params.get(m))]
     for k in lengths:
         v = params[k]
         if _is_int(v) and v >= 1:
-            floor = params.get("min_tokens", params.get("min_new_tokens"))
-            keep_min = _is_int(floor) and 0 <= floor <= v
             params[k] = min(v, MAX_NEW)
-            if keep_min:
-                for m in ("min_tokens", "min_new_tokens"):
-                    if m in params:
-                        params[m] = min(params[m], params[k])
-    if not lengths and length_default:
-        params["max_tokens"] = MAX_NEW
-        for m in ("min_tokens",):
-            if _is_int(params.get(m)) and params[m] >= 0:
+            for m in floors:
+                if 0 <= params[m] <= v:
+                    params[m] = min(params[m], params[k])
+    if (not lengths or all(params[k] is None for k in lengths)) and default_key is not None:
+        params[default_key] = MAX_NEW
+        for m in floors:
+            if params[m] >= 0:
                 params[m] = min(params[m], MAX_NEW)
     for k in COUNT_FIELDS:
         if _is_int(params.get(k)) and 1 <= params[k] <= 64:
@@ -54,11 +54,11 @@ def before_call(context, case, kwargs):
         return
     path = case.operation.path
     if path.startswith("/v1/"):
-        bound(body, length_default=path == "/v1/chat/completions")
-    sp = body.get("sampling_params")
-    if isinstance(sp, dict):
-        bound(sp, length_default=False)
-    elif isinstance(sp, list):
-        for one in sp:
+        bound(body, "max_tokens" if path == "/v1/chat/completions" else None)
+    if path == "/generate":
+        sp = body.get("sampling_params")
+        if sp is None:
+            body["sampling_params"] = sp = {}
+        for one in sp if isinstance(sp, list) else [sp]:
             if isinstance(one, dict):
-                bound(one, length_default=False)
+                bound(one, "max_new_tokens")

@@ -25,7 +25,7 @@ def test_metrics_parse_and_hit_rate_moves(http):
                  "agentlang_time_to_first_token_seconds_count",
                  "agentlang_e2e_request_latency_seconds_count"):
         assert name in before, name
-    body = {"text": REPEATED + "Question 1?", "sampling_params": {"max_tokens": 2}}
+    body = {"text": REPEATED + "Question 1?", "sampling_params": {"max_new_tokens": 2}}
     for i in range(3):
         body["text"] = REPEATED + f"Question {i}?"
         assert http.post("/generate", json=body).status_code == 200
@@ -49,7 +49,7 @@ def test_metrics_parse_and_hit_rate_moves(http):
                               "ignore_eos": True,
                               "messages": [{"role": "user", "content": "Tell a long story."}]}),
     ("/generate", {"text": "Once upon a time", "stream": True,
-                   "sampling_params": {"max_tokens": 900, "ignore_eos": True}}),
+                   "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}),
 ])
 def test_disconnect_mid_stream_frees_pages(server, http, path, body):
     baseline = pages_after_flush(http)

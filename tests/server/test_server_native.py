@@ -15,24 +15,29 @@ PROMPT = "The capital of France is"
 def test_generate_text_meta_and_logprobs(http):
     r = http.post("/generate", json={
         "text": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0},
-        "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0})
+        "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True})
     assert r.status_code == 200, r.text
     out = r.json()
     meta = out["meta_info"]
     assert meta["prompt_tokens"] == 5 and meta["completion_tokens"] == len(out["output_ids"]) == 4
-    assert meta["finish_reason"] == {"type": "length", "matched": None}
+    assert meta["finish_reason"] == {"type": "length", "length": 4}
     assert meta["cached_tokens"] >= 0 and meta["e2e_latency"] > 0
     chosen = meta["output_token_logprobs"]
     assert [t[1] for t in chosen] == out["output_ids"]
     assert "".join(t[2] for t in chosen) == out["text"]
     for (lp, tid, _), top in zip(chosen, meta["output_top_logprobs"]):
         assert len(top) == 2 and top[0][1] == tid and abs(top[0][0] - lp) < 1e-5  # greedy
-    inputs = meta["input_token_logprobs"]
+    assert meta["input_token_logprobs"] == [] and meta["input_top_logprobs"] == []
+    r = http.post("/generate", json={
+        "text": PROMPT, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+        "return_logprob": True, "logprob_start_len": 0})
+    inputs = r.json()["meta_info"]["input_token_logprobs"]
     assert len(inputs) == 5 and inputs[0][0] is None and all(x[0] < 0 for x in inputs[1:])
+    assert all(x[2] is None for x in inputs)        # text only with return_text_in_logprobs
 
 
 def test_generate_stream_is_cumulative_and_ends_with_done(http):
-    body = {"text": PROMPT, "sampling_params": {"max_tokens": 6, "temperature": 0}}
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
     plain = http.post("/generate", json=body).json()
     events = []
     with http.stream("POST", "/generate", json={**body, "stream": True}) as r:
@@ -49,21 +54,21 @@ def test_generate_stream_is_cumulative_and_ends_with_done(http):
 def test_generate_batch_ids_and_n(http):
     ids = http.post("/tokenize", json={"text": PROMPT}).json()["tokens"]
     r = http.post("/generate", json={"input_ids": [ids, ids],
-                                     "sampling_params": {"max_tokens": 3, "temperature": 0}})
+                                     "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
     a, b = r.json()
     assert a["text"] == b["text"] and a["meta_info"]["prompt_tokens"] == len(ids)
     r = http.post("/generate", json={"text": PROMPT, "sampling_params": {
-        "max_tokens": 3, "temperature": 1.0, "n": 3, "seed": 5}})
+        "max_new_tokens": 3, "temperature": 1.0, "n": 3, "sampling_seed": 5}})
     outs = r.json()
     assert [o["index"] for o in outs] == [0, 1, 2]
 
 
 def test_generate_constraint_and_stop(http):
     r = http.post("/generate", json={"text": "Is water wet? Answer:", "sampling_params": {
-        "max_tokens": 5, "temperature": 0, "choices": [" yes", " no"]}})
+        "max_new_tokens": 5, "temperature": 0, "regex": "( yes| no)"}})
     assert r.json()["text"] in (" yes", " no")
     r = http.post("/generate", json={"text": "Count: 1, 2, 3,", "sampling_params": {
-        "max_tokens": 8, "temperature": 0, "stop": [","]}})
+        "max_new_tokens": 8, "temperature": 0, "stop": [","]}})
     meta = r.json()["meta_info"]
     assert meta["finish_reason"] == {"type": "stop", "matched": ","}
 
@@ -72,7 +77,8 @@ def test_score_matches_generate_logprob(http):
     scored = http.post("/score", json={"prefix": PROMPT, "continuations": [" Paris", " Rome"]})
     paris, rome = scored.json()["logprobs"]
     gen = http.post("/generate", json={"text": PROMPT, "return_logprob": True,
-                                       "sampling_params": {"max_tokens": 1, "temperature": 0}})
+                                       "return_text_in_logprobs": True,
+                                       "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
     lp, tid, text = gen.json()["meta_info"]["output_token_logprobs"][0]
     assert text == " Paris" and abs(paris[0] - lp) < 1e-3 and paris[0] > rome[0]
 
@@ -86,7 +92,7 @@ def test_cache_prefix_release_and_model_info(http):
     text = "You are a meticulous assistant who answers in short sentences. " * 4
     h = http.post("/cache_prefix", json={"text": text}).json()
     assert h["tokens"] > 32
-    r = http.post("/generate", json={"text": text + "Hello", "sampling_params": {"max_tokens": 1}})
+    r = http.post("/generate", json={"text": text + "Hello", "sampling_params": {"max_new_tokens": 1}})
     assert r.json()["meta_info"]["cached_tokens"] >= 32
     assert http.post("/release_prefix", json={"handle": h["handle"]}).status_code == 200
     again = http.post("/release_prefix", json={"handle": h["handle"]})
