@@ -1,8 +1,9 @@
 """``agentlang.RuntimeEndpoint``: a server speaking SGLang's native protocol (agentlang's own
 ``agentlang serve``, an SGLang server, or an SGLang cluster behind ``sglang-router``).
 
-Routes used, all SGLang's: ``GET /model_info`` (model and tokenizer paths), ``POST /generate``
-(plain, SSE streaming, ``max_new_tokens: 0`` prefills for the prefix cache and for the
+Routes used, all SGLang's: ``GET /get_model_info`` (model and tokenizer paths; the path SGLang's
+own frontend reads, and the one sglang-router forwards: it answers 404 for ``/model_info``),
+``POST /generate`` (plain, SSE streaming, ``max_new_tokens: 0`` prefills for the prefix cache and for the
 logprobs of ``select``). Sampling options travel under SGLang's ``sampling_params`` names;
 agentlang-only options travel only as optional top-level extensions, which SGLang's server
 ignores (:data:`EXTENSIONS`): a Lark grammar (``lark_grammar``). Typed generation (``dtype``)
@@ -81,7 +82,7 @@ class RuntimeEndpoint(Backend):
     def get_model_info(self) -> dict:
         with self._lock:
             if self._model_info is None:
-                r = self.client.get("/model_info")
+                r = self.client.get("/get_model_info")
                 self._raise_for(r)
                 self._model_info = r.json()
             return self._model_info
