@@ -200,6 +200,7 @@ def test_endpoint_program_with_roles_fork_select_and_schema(endpoint):
     paths = {p for p, _, _ in server.requests}
     assert paths == {"/get_model_info", "/generate"}      # SGLang's routes only
     bodies = [b for p, b, _ in server.requests if p == "/generate"]
+    assert all(isinstance(b["text"], str) for b in bodies)  # sglang-router takes no batches
     assert any(b["sampling_params"] == {"max_new_tokens": 0} for b in bodies)  # fork prefix
     gen = next(b for b in bodies if "json_schema" in b["sampling_params"])
     assert json.loads(gen["sampling_params"]["json_schema"]) == Out.model_json_schema()

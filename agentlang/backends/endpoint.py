@@ -144,19 +144,19 @@ class RuntimeEndpoint(Backend):
 
     def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
         """Logprobs of each continuation's tokens after ``prefix``, from prefill-only
-        ``/generate`` calls: the prefix's token count first, then all continuations in one
-        batch with ``logprob_start_len`` one before the continuation (SGLang's first input
-        logprob is null). With an empty prefix the continuation's own first logprob is null."""
+        ``/generate`` calls: the prefix's token count first, then one call per continuation
+        (sglang-router forwards single prompts only) with ``logprob_start_len`` one before the
+        continuation (SGLang's first input logprob is null); the prefix is in the radix cache
+        by then. With an empty prefix the continuation's own first logprob is null."""
         start = 0
         if prefix:
             p = self._post("/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}})
             start = max(p["meta_info"]["prompt_tokens"] - 1, 0)
-        resp = self._post("/generate", {
-            "text": [prefix + c for c in continuations],
-            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-            "return_logprob": True, "logprob_start_len": start})
         out = []
-        for item in resp:
+        for c in continuations:
+            item = self._post("/generate", {
+                "text": prefix + c, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True, "logprob_start_len": start})
             lps = [e[0] for e in item["meta_info"]["input_token_logprobs"]]
             out.append(lps[1:] if prefix else lps)
         return out
