@@ -194,6 +194,30 @@ def test_streaming_text_iter(backend):
     assert len(pieces) > 3 and "".join(pieces) == st.text()
 
 
+def test_program_called_outside_a_program_runs(backend):
+    """As in SGLang: a call outside a running program runs it (run's keywords, sampling
+    options and stream=True included); inside one it composes."""
+    previous = al.global_config.default_backend
+    al.global_config.default_backend = backend
+    try:
+        assert al.get_default_backend() is backend
+        st = few_shot_qa(question="What is the capital of Spain?", temperature=0)
+        assert isinstance(st, al.ProgramState) and st["answer"].strip() == "Madrid"
+        streamed = few_shot_qa(question="What is the capital of Spain?", temperature=0,
+                               stream=True)
+        assert "".join(streamed.text_iter("answer")) == st["answer"]
+
+        @al.function
+        def outer(s):
+            s += "Warm-up. " + few_shot_qa(question="What is the capital of Spain?")
+
+        composed = outer.run(temperature=0)
+        assert composed["answer"] == st["answer"] and composed.text().startswith("Warm-up. ")
+    finally:
+        al.global_config.default_backend = previous
+    assert (Path(backend.endpoint.get_model_name()) / "config.json").is_file()
+
+
 def test_run_batch_of_16_with_progress_bar(backend, capsys):
     countries = ["Italy", "Spain", "Japan", "Egypt", "Canada", "Greece", "Norway", "Peru",
                  "Kenya", "Chile", "Cuba", "Poland", "Sweden", "Ireland", "Austria", "Nepal"]

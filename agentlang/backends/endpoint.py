@@ -144,21 +144,27 @@ class RuntimeEndpoint(Backend):
 
     def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
         """Logprobs of each continuation's tokens after ``prefix``, from prefill-only
-        ``/generate`` calls: the prefix's token count first, then one call per continuation
-        (sglang-router forwards single prompts only) with ``logprob_start_len`` one before the
-        continuation (SGLang's first input logprob is null); the prefix is in the radix cache
-        by then. With an empty prefix the continuation's own first logprob is null."""
-        start = 0
-        if prefix:
-            p = self._post("/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}})
-            start = max(p["meta_info"]["prompt_tokens"] - 1, 0)
+        ``/generate`` calls, one per prompt (``prefix``, then every ``prefix + continuation``;
+        one prompt per call because sglang-router forwards no batched ``text``; the prefix is
+        in the radix cache after the first), with input logprobs from position 0. A continuation's tokens start where its token ids first differ from
+        the prefix's, so a token that merges the prefix's end with the continuation's start
+        (``"is " + "blue"`` → ``" blue"``) is scored whole. The first token of a prompt has no
+        logprob (``None``), as in SGLang."""
+        texts = ([prefix] if prefix else []) + [prefix + c for c in continuations]
+        resp = [self._post("/generate", {
+            "text": text, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": 0}) for text in texts]
+        rows = [[(e[0], e[1]) for e in r["meta_info"]["input_token_logprobs"]] for r in resp]
+        if not prefix:
+            return [[lp for lp, _ in row] for row in rows]
+        base = [tid for _, tid in rows[0]]
         out = []
-        for c in continuations:
-            item = self._post("/generate", {
-                "text": prefix + c, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                "return_logprob": True, "logprob_start_len": start})
-            lps = [e[0] for e in item["meta_info"]["input_token_logprobs"]]
-            out.append(lps[1:] if prefix else lps)
+        for row in rows[1:]:
+            k = 0
+            while k < min(len(base), len(row)) and base[k] == row[k][1]:
+                k += 1
+            k = min(max(k, 1), len(row) - 1)
+            out.append([lp for lp, _ in row[k:]])
         return out
 
     def cache_prefix(self, text: str) -> Any:

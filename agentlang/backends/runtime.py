@@ -44,6 +44,15 @@ class Runtime(Backend):
             lambda messages, gen: self.engine.apply_chat_template(messages, gen),
             name=self.engine.model_name)
 
+    @property
+    def endpoint(self) -> Runtime:
+        """SGLang's ``Runtime.endpoint``: here the backend itself (``get_model_name``)."""
+        return self
+
+    def get_model_name(self) -> str:
+        """The model's path, as SGLang's ``RuntimeEndpoint.get_model_name``."""
+        return str(self.engine.model_path)
+
     # -- interface ---------------------------------------------------------------------
     def chat_template(self) -> ChatTemplate:
         return self._template
