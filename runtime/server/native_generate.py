@@ -4,7 +4,8 @@ Request (SGLang's ``GenerateReqInput``): ``text`` (str or list) or ``input_ids``
 of lists); ``sampling_params`` (a dict broadcast to every prompt, or one per prompt; checked by
 :mod:`runtime.server.native_params`); ``rid`` (str, or one per prompt; a single string in a
 batch becomes ``rid_i``); ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``
-(scalar or one per prompt); ``return_text_in_logprobs``; ``stream``. Unknown top-level keys are
+(scalar or one per prompt); ``return_text_in_logprobs``; ``stream``; ``cache_salt`` (a
+prefix-cache namespace: prompts with different salts never share cached pages). Unknown top-level keys are
 ignored, as SGLang ignores them; agentlang's one extension is a top-level ``lark_grammar`` (a
 Lark grammar constraining the output; it excludes the ``sampling_params`` constraints). Every element is checked before anything is queued: one bad
 element is a 400 for the whole batch.
@@ -34,19 +35,18 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import bad_request, from_value_error
 from runtime.server.logprobs import native_logprobs
 from runtime.server.native import prompt_ids
+from runtime.server.native_output import Item, completions, result
 from runtime.server.native_params import (SCHEMA as SAMPLING_SCHEMA, NativeParamError,
-                                          NativeSampling, engine_field_names, parse_sampling)
+                                          engine_field_names, parse_sampling)
 from runtime.server.openai_common import check_output
 from runtime.server.openapi import STREAMED, json_body
 from runtime.server.protocol import NON_EMPTY_TEXT, NULL_ONLY, TEXTS, TOKEN_IDS, _Strict, \
@@ -64,7 +64,7 @@ class GenerateRequest(_Strict):
     input_ids: documented({"anyOf": [TOKEN_IDS, {"type": "array", "minItems": 1,
                                                   "items": TOKEN_IDS}, {"type": "null"}]}) = None
     sampling_params: one_or_each(SAMPLING_SCHEMA) = None
-    rid: one_or_each(NON_EMPTY_TEXT) = None
+    rid: one_or_each(NON_EMPTY_TEXT, null_items=False) = None
     return_logprob: one_or_each({"type": "boolean"}) = None
     logprob_start_len: one_or_each({"type": "integer", "minimum": -1}) = None
     top_logprobs_num: one_or_each({"type": "integer", "minimum": 0, "maximum": 20}) = None
@@ -75,22 +75,9 @@ class GenerateRequest(_Strict):
     audio_data: NULL_ONLY = None
     video_data: NULL_ONLY = None
     lora_path: NULL_ONLY = None
+    cache_salt: one_or_each(NON_EMPTY_TEXT) = None     # prefix-cache namespace (tenant)
     # agentlang's extension (SGLang's server ignores unknown top-level keys): a Lark grammar
     lark_grammar: str | None = None
-
-
-@dataclass
-class Item:
-    """One prompt of a request, checked and ready to queue."""
-
-    ids: list[int]
-    rid: str
-    sampling: NativeSampling
-    params: SamplingParams           # what the engine runs (prefill only: one dropped token)
-    constraint: dict[str, Any]       # the output constraint as engine fields ({} if none)
-    return_logprob: bool
-    start: int                       # logprob_start_len (-1: no input logprobs)
-    top: int
 
 
 def _per_prompt(value: Any, count: int, single: bool, name: str) -> list[Any]:
@@ -133,6 +120,7 @@ def _items(state: ServerState, req: GenerateRequest) -> tuple[bool, list[Item]]:
     lps = _per_prompt(req.return_logprob, n, single, "return_logprob")
     starts = _per_prompt(req.logprob_start_len, n, single, "logprob_start_len")
     tops = _per_prompt(req.top_logprobs_num, n, single, "top_logprobs_num")
+    salts = _per_prompt(req.cache_salt, n, single, "cache_salt")
     vocab = state.engine.model_config.vocab_size
     items = []
     for i, ids in enumerate(prompts):
@@ -171,6 +159,9 @@ def _items(state: ServerState, req: GenerateRequest) -> tuple[bool, list[Item]]:
                           **dict.fromkeys(_CONSTRAINTS + ("grammar",)))
         else:
             fields["max_tokens"] = max_new
+        _check_type(salts[i], salts[i] is None or isinstance(salts[i], str) and salts[i],
+                    f"cache_salt{at}", "a non-empty string")
+        fields["cache_salt"] = salts[i]
         if lp:
             fields["logprobs"] = top
             if start >= 0:
@@ -194,64 +185,6 @@ async def _check_constraints(state: ServerState, items: list[Item]) -> None:
             prefix = "" if "grammar" in item.constraint else "sampling_params."
             await state.compile_constraint(probe, "lark_grammar" if not prefix else None,
                                            prefix)
-
-
-def _triple(state: ServerState, lp: float | None, tid: int, with_text: bool) -> list:
-    return [lp, tid, state.tokens.text(tid) if with_text else None]
-
-
-def _meta(state: ServerState, req: GenerateRequest, item: Item, out: RequestOutput,
-          c: CompletionOutput) -> dict:
-    m = out.meta
-    prefill = item.sampling.prefill_only
-    if prefill:
-        finish: dict | None = {"type": "length", "length": 0}
-    elif c.finish_reason is None:
-        finish = None
-    elif c.finish_reason == "length":
-        finish = {"type": "length", "length": len(c.token_ids)}
-    elif c.finish_reason == "abort":
-        finish = {"type": "abort", "message": "aborted"}
-    else:
-        finish = {"type": c.finish_reason, "matched": c.matched_stop}
-    meta: dict[str, Any] = {
-        "id": item.rid, "finish_reason": finish, "prompt_tokens": len(item.ids),
-        "weight_version": "default", "completion_tokens": 0 if prefill else len(c.token_ids),
-        "cached_tokens": m.get("cached_tokens", 0), "reasoning_tokens": 0,
-        "num_retractions": 0, "e2e_latency": m.get("latency_s"),
-    }
-    if item.return_logprob:
-        with_text = req.return_text_in_logprobs
-        ids, plp = item.ids, out.prompt_logprobs or [None] * len(item.ids)
-        meta["input_token_logprobs"] = [] if item.start < 0 else [
-            _triple(state, None if p == item.start else plp[p], ids[p], with_text)
-            for p in range(item.start, len(ids))]
-        chosen, top = native_logprobs([] if prefill else c.logprobs or [], state.tokens,
-                                      item.top)
-        if not with_text:
-            chosen = [[lp, tid, None] for lp, tid, _ in chosen]
-            top = None if top is None else [[[a, t, None] for a, t, _ in pos] for pos in top]
-        meta["output_token_logprobs"] = chosen
-        meta["output_token_logprobs_length"] = len(chosen)
-        if item.top:
-            meta["input_top_logprobs"] = []
-            meta["output_top_logprobs"] = top
-    return meta
-
-
-def _result(state, req, item: Item, out: RequestOutput, c: CompletionOutput, many: bool) -> dict:
-    prefill = item.sampling.prefill_only
-    r = {"text": "" if prefill else c.text, "output_ids": [] if prefill else list(c.token_ids),
-         "meta_info": _meta(state, req, item, out, c)}
-    if many:
-        r["index"] = c.index
-    return r
-
-
-def _completions(item: Item, out: RequestOutput) -> list[CompletionOutput]:
-    if item.sampling.prefill_only:     # n results of one prefill
-        return [CompletionOutput(k, "", [], "length") for k in range(item.sampling.fields["n"])]
-    return out.outputs
 
 
 def _engine_fields(req: GenerateRequest) -> dict[str, str]:
@@ -283,8 +216,8 @@ async def generate(request: Request):
         state.native_rids.difference_update(it.rid for it in items)
     for out in outs:
         state.metrics.observe("generate", out.meta, "error" if out.error else "ok")
-    results = [_result(state, req, it, check_output(out, _engine_fields(req)), c, many)
-               for it, out in zip(items, outs) for c in _completions(it, out)]
+    results = [result(state, req.return_text_in_logprobs, it, check_output(out, _engine_fields(req)), c, many)
+               for it, out in zip(items, outs) for c in completions(it, out)]
     return results if many else results[0]
 
 
@@ -302,8 +235,8 @@ async def _stream(state: ServerState, req: GenerateRequest, items: list[Item],
                 state.metrics.observe("generate", d.output.meta,
                                       "error" if d.output.error else "ok")
                 out = check_output(d.output, _engine_fields(req))
-                for c in _completions(item, out):
-                    yield sse(_result(state, req, item, out, c, many))
+                for c in completions(item, out):
+                    yield sse(result(state, req.return_text_in_logprobs, item, out, c, many))
                 continue
             if item.sampling.prefill_only or not (d.text or d.token_ids):
                 continue

@@ -41,9 +41,11 @@ def documented(schema: dict) -> Any:
     return Annotated[Any, WithJsonSchema(schema)]
 
 
-def one_or_each(schema: dict) -> Any:
-    """One value for every prompt of a batch, a list with one per prompt, or null (default)."""
-    return documented({"anyOf": [schema, {"type": "array", "items": schema}, {"type": "null"}]})
+def one_or_each(schema: dict, null_items: bool = True) -> Any:
+    """One value for every prompt of a batch, a list with one per prompt (each may be null,
+    the default, unless ``null_items`` is False), or null."""
+    item = {"anyOf": [schema, {"type": "null"}]} if null_items else schema
+    return documented({"anyOf": [schema, {"type": "array", "items": item}, {"type": "null"}]})
 
 
 NULL_ONLY = documented({"type": "null"})      # not supported by this server: absent or null

@@ -144,6 +144,16 @@ def test_input_logprobs_as_sglangs_select_reads_them(http):
     assert plain.json()["meta_info"]["input_token_logprobs"] == []     # no start given
 
 
+def test_cache_salt_separates_prefix_cache_namespaces(http):
+    body = {"text": LONG + "Salted?", "sampling_params": {"max_new_tokens": 1}}
+    http.post("/generate", json={**body, "cache_salt": "tenant-a"}).raise_for_status()
+    same = http.post("/generate", json={**body, "cache_salt": "tenant-a"}).json()
+    other = http.post("/generate", json={**body, "cache_salt": "tenant-b"}).json()
+    assert same["meta_info"]["cached_tokens"] > 0 and other["meta_info"]["cached_tokens"] == 0
+    r = http.post("/generate", json={**body, "cache_salt": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+
+
 def test_batch_rids_and_broadcast(http):
     r = http.post("/generate", json={"text": ["One", "Two"], "rid": "batch",
                                      "sampling_params": {"max_new_tokens": 1}})

@@ -76,8 +76,15 @@ def test_error_mapping():
     e = from_value_error(ValueError("logprobs: must be in [0, 20], got 50"),
                          {"logprobs": "top_logprobs"})
     assert e.param == "top_logprobs" and e.message.startswith("top_logprobs: ")
-    e = from_value_error(ValueError("prompt: 9000 tokens, the model's context is 8192 tokens"))
-    assert e.code == "context_length_exceeded" and e.param == "prompt"
+    from runtime.errors import EngineError, EngineValueError, ErrorCode
+
+    typed = EngineError(ErrorCode.CONTEXT_EXCEEDED, "prompt",
+                        "9000 tokens, the model's context is 8192 tokens")
+    e = from_value_error(EngineValueError(typed), {"prompt": "text"})
+    assert e.status == 400 and e.code == "context_length_exceeded" and e.param == "text"
+    assert e.message == "text: 9000 tokens, the model's context is 8192 tokens"
+    e = from_value_error(ValueError(str(typed)))         # the same text, untyped: no code
+    assert e.code is None and e.param == "prompt"
     e = from_value_error(ValueError("unknown sampling field(s) ['x']"), None, "sampling_params")
     assert e.param == "sampling_params" and e.message.startswith("sampling_params: ")
     assert e.body() == {"error": {"message": e.message, "type": "invalid_request_error",
