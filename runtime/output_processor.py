@@ -121,7 +121,10 @@ class OutputProcessor:
         p = req.params
         output = req.output_ids + list(extra_output) if extra_output else req.output_ids
         banned: list[int] = []
-        if len(output) < p.min_tokens:
+        # min_tokens holds the end back, but never past a constraint that is complete and
+        # admits nothing more: its mask allows only the end, so banning it leaves no token.
+        if len(output) < p.min_tokens and not (req.matcher is not None
+                                               and req.matcher.is_terminated()):
             banned = sorted(self.eos_ids | set(p.stop_token_ids))
         return RowSpec(p, req.generator, req.prompt_ids, output, banned, req.matcher,
                        p.logprobs)
@@ -164,7 +167,8 @@ class OutputProcessor:
         def pick(i: int, row: torch.Tensor) -> int:
             spec = self._spec(req, extra_output=draft[:i])
             spec.matcher = None                      # verify_draft already masked the row
-            return sample(row, [spec])[0][0]
+            # a copy: the row may be an inference-mode tensor, and sample() bans tokens in place
+            return sample(row.clone(), [spec])[0][0]
 
         accepted = verify_draft(req.matcher, draft, logits, pick)
         keep = start + len(accepted)                 # last token + matched draft have valid KV

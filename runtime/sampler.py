@@ -45,6 +45,7 @@ def apply_penalties(logits: torch.Tensor, spec: RowSpec) -> None:
             vals = logits[seen]
             logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty,
                                        vals * p.repetition_penalty)
+            logits.clamp_(max=torch.finfo(logits.dtype).max)   # a tiny penalty overflows
     if (p.frequency_penalty or p.presence_penalty) and spec.output_ids:
         ids, counts = torch.tensor(list(spec.output_ids), dtype=torch.long).unique(return_counts=True)
         logits[ids] -= p.frequency_penalty * counts.to(logits.dtype) + p.presence_penalty
@@ -58,7 +59,8 @@ def filter_probs(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     if p.top_p < 1.0:
         sp, idx = probs.sort(descending=True)
         cum = sp.cumsum(0)
-        keep = (cum - sp) < p.top_p * cum[-1]   # always keeps the most likely token
+        keep = (cum - sp) < p.top_p * cum[-1]
+        keep[0] = True          # the most likely token, even where top_p * sum underflows to 0
         probs = torch.zeros_like(probs).scatter_(0, idx, torch.where(keep, sp, 0.0))
     if p.min_p > 0.0:
         probs = torch.where(probs >= p.min_p * probs.max(), probs, 0.0)
@@ -93,7 +95,8 @@ def sample(logits: torch.Tensor, specs: Sequence[RowSpec]) -> tuple[list[int], l
     for i, s in enumerate(specs):
         if s.params.greedy:
             continue
-        probs = torch.softmax(logits[i] / s.params.temperature, dim=-1)
+        row = logits[i]
+        probs = torch.softmax((row - row.max()) / s.params.temperature, dim=-1)
         probs = filter_probs(probs, s.params)
         if s.generator is not None:  # a seeded generator lives on the CPU: sample there
             probs = probs.to(s.generator.device)

@@ -13,11 +13,14 @@ from typing import Any
 from runtime.grammar.constraints import CONSTRAINT_FIELDS
 
 
+GREEDY_BELOW = 1e-6   # a temperature this small is greedy (as SGLang's): 1/T would overflow
+
+
 @dataclass(init=False)
 class SamplingParams:
     max_tokens: int = 16
     min_tokens: int = 0
-    temperature: float = 1.0          # 0 = greedy
+    temperature: float = 1.0          # 0 (or below GREEDY_BELOW) = greedy
     top_p: float = 1.0
     top_k: int = -1                   # -1 or 0 = off
     min_p: float = 0.0
@@ -73,7 +76,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     @property
     def has_constraint(self) -> bool:

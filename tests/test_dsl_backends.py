@@ -97,7 +97,7 @@ def test_mock_is_deterministic():
 
 # -- RuntimeEndpoint against a fake SGLang server -------------------------------------------------
 class FakeServer:
-    """SGLang's /model_info and /generate over a Mock, recording every request and checking
+    """SGLang's /get_model_info and /generate over a Mock, recording every request and checking
     each /generate body against SGLang's own field lists (plus agentlang's declared top-level
     extensions): an agentlang-only field would be a 400 (inside sampling_params) or silently
     ignored (top level) by a real SGLang server."""
@@ -123,7 +123,7 @@ class FakeServer:
         path = request.url.path
         body = json.loads(request.content) if request.content else {}
         self.requests.append((path, body, dict(request.headers)))
-        if path == "/model_info":
+        if path == "/get_model_info":
             return httpx.Response(200, json={"model_path": self.model_path,
                                              "tokenizer_path": self.model_path})
         if path != "/generate":
@@ -198,8 +198,9 @@ def test_endpoint_program_with_roles_fork_select_and_schema(endpoint):
     assert st["a"] in ("yes", "no")
     assert st.text().startswith(f"<|im_start|>system\n{SMOL_SYS}")
     paths = {p for p, _, _ in server.requests}
-    assert paths == {"/model_info", "/generate"}          # SGLang's routes only
+    assert paths == {"/get_model_info", "/generate"}      # SGLang's routes only
     bodies = [b for p, b, _ in server.requests if p == "/generate"]
+    assert all(isinstance(b["text"], str) for b in bodies)  # sglang-router takes no batches
     assert any(b["sampling_params"] == {"max_new_tokens": 0} for b in bodies)  # fork prefix
     gen = next(b for b in bodies if "json_schema" in b["sampling_params"])
     assert json.loads(gen["sampling_params"]["json_schema"]) == Out.model_json_schema()

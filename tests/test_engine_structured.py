@@ -134,3 +134,13 @@ def test_jump_forward_to_the_end_of_the_grammar(eng):
                                                    json_schema=schema, jump_forward=jf))
                for jf in (True, False))
     assert on.text == off.text and json.loads(on.text) in schema["enum"]
+
+
+@pytest.mark.parametrize("kw", [{"choices": [""]}, {"regex": "ab"}])
+def test_min_tokens_gives_way_to_a_complete_constraint(eng, kw):
+    """min_tokens holds the end back only while the constraint admits more text: a complete
+    match that admits nothing more ends the output (found by schemathesis: min_tokens=1 with
+    choices [""] used to leave no allowed token and fail the request)."""
+    out = eng.generate("Say: ", SamplingParams(max_tokens=8, min_tokens=6, temperature=0, **kw))
+    assert out.error is None and out.finish_reason == "stop", (out.error, out.text)
+    assert out.text == ("" if "choices" in kw else "ab")

@@ -1,8 +1,9 @@
 """``agentlang.RuntimeEndpoint``: a server speaking SGLang's native protocol (agentlang's own
 ``agentlang serve``, an SGLang server, or an SGLang cluster behind ``sglang-router``).
 
-Routes used, all SGLang's: ``GET /model_info`` (model and tokenizer paths), ``POST /generate``
-(plain, SSE streaming, ``max_new_tokens: 0`` prefills for the prefix cache and for the
+Routes used, all SGLang's: ``GET /get_model_info`` (model and tokenizer paths; the path SGLang's
+own frontend reads, and the one sglang-router forwards: it answers 404 for ``/model_info``),
+``POST /generate`` (plain, SSE streaming, ``max_new_tokens: 0`` prefills for the prefix cache and for the
 logprobs of ``select``). Sampling options travel under SGLang's ``sampling_params`` names;
 agentlang-only options travel only as optional top-level extensions, which SGLang's server
 ignores (:data:`EXTENSIONS`): a Lark grammar (``lark_grammar``). Typed generation (``dtype``)
@@ -81,7 +82,7 @@ class RuntimeEndpoint(Backend):
     def get_model_info(self) -> dict:
         with self._lock:
             if self._model_info is None:
-                r = self.client.get("/model_info")
+                r = self.client.get("/get_model_info")
                 self._raise_for(r)
                 self._model_info = r.json()
             return self._model_info
@@ -142,16 +143,17 @@ class RuntimeEndpoint(Backend):
             yield GenDelta("", self._result(last))
 
     def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
-        """Logprobs of each continuation's tokens after ``prefix``, from one prefill-only
-        ``/generate`` batch (``prefix`` and every ``prefix + continuation``) with input logprobs
-        from position 0. A continuation's tokens start where its token ids first differ from
+        """Logprobs of each continuation's tokens after ``prefix``, from prefill-only
+        ``/generate`` calls, one per prompt (``prefix``, then every ``prefix + continuation``;
+        one prompt per call because sglang-router forwards no batched ``text``; the prefix is
+        in the radix cache after the first), with input logprobs from position 0. A continuation's tokens start where its token ids first differ from
         the prefix's, so a token that merges the prefix's end with the continuation's start
         (``"is " + "blue"`` → ``" blue"``) is scored whole. The first token of a prompt has no
         logprob (``None``), as in SGLang."""
         texts = ([prefix] if prefix else []) + [prefix + c for c in continuations]
-        resp = self._post("/generate", {
-            "text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-            "return_logprob": True, "logprob_start_len": 0})
+        resp = [self._post("/generate", {
+            "text": text, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": 0}) for text in texts]
         rows = [[(e[0], e[1]) for e in r["meta_info"]["input_token_logprobs"]] for r in resp]
         if not prefix:
             return [[lp for lp, _ in row] for row in rows]

@@ -19,6 +19,7 @@ from runtime.server import dashboard, native, native_control, native_generate, \
     native_info, openai_chat, openai_completions, ops
 from runtime.server.auth import BearerAuth
 from runtime.server.errors import install_error_handlers
+from runtime.server.openapi import install_openapi
 from runtime.server.state import ServerState
 from runtime.server.streaming import ClientDisconnected
 
@@ -56,6 +57,7 @@ def create_app(engine: Engine, api_key: str | None = None,
     for module in (openai_chat, openai_completions, native_generate, native, native_info,
                    native_control, ops, dashboard):
         app.include_router(module.router)
+    install_openapi(app, state)
     if api_key is not None:
         app.add_middleware(BearerAuth, api_key=api_key)
     return app

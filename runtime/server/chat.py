@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 
 from runtime.server.errors import bad_request
-from runtime.server.protocol import ChatMessage
+from runtime.server.protocol import ROLES, ChatMessage
 from runtime.server.tools import ToolPlan
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def normalize_messages(messages: list[ChatMessage], field: str = "messages") -> list[dict]:

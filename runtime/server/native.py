@@ -9,43 +9,47 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import Field
 
 from runtime.server.chat import normalize_messages
 from runtime.server.errors import APIError, bad_request, from_value_error
-from runtime.server.protocol import ChatMessage, _Strict, parse_body
+from runtime.server.openapi import json_body
+from runtime.server.protocol import NON_EMPTY_TEXT, TOKEN_IDS, ChatMessage, TokenIdList, \
+    _Strict, documented, parse_body
 from runtime.server.state import ServerState
 
 router = APIRouter()
 
 
 class ScoreRequest(_Strict):
-    prefix: Any
-    continuations: list[str]
+    prefix: documented({"anyOf": [{"type": "string"}, TOKEN_IDS]})
+    continuations: list[str] = Field(min_length=1)
 
 
 class TextRequest(_Strict):
-    text: Any = None
-    input_ids: Any = None
+    # exactly one of text and input_ids
+    text: documented({"anyOf": [NON_EMPTY_TEXT, {"type": "null"}]}) = None
+    input_ids: documented({"anyOf": [TOKEN_IDS, {"type": "null"}]}) = None
 
 
 class HandleRequest(_Strict):
-    handle: Any
+    handle: documented({"type": "string"})   # a handle /cache_prefix returned
 
 
 class ChatTemplateRequest(_Strict):
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
 
 
 class TokenizeRequest(_Strict):
     text: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
 
 
 class DetokenizeRequest(_Strict):
-    tokens: list[int]
+    tokens: TokenIdList
     skip_special_tokens: bool = False
 
 
@@ -62,7 +66,7 @@ def prompt_ids(state: ServerState, text: Any, input_ids: Any) -> tuple[bool, lis
     return True, [state.check_ids(input_ids, "input_ids")]
 
 
-@router.post("/score")
+@router.post("/score", openapi_extra=json_body(ScoreRequest))
 async def score(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, ScoreRequest)
@@ -78,7 +82,7 @@ async def score(request: Request):
     return {"logprobs": logprobs}
 
 
-@router.post("/cache_prefix")
+@router.post("/cache_prefix", openapi_extra=json_body(TextRequest))
 async def cache_prefix(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, TextRequest)
@@ -90,7 +94,7 @@ async def cache_prefix(request: Request):
     return {"handle": state.add_prefix(handle), "tokens": len(handle.token_ids)}
 
 
-@router.post("/release_prefix")
+@router.post("/release_prefix", openapi_extra=json_body(HandleRequest))
 async def release_prefix(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, HandleRequest)
@@ -99,7 +103,7 @@ async def release_prefix(request: Request):
     return {"released": True}
 
 
-@router.post("/apply_chat_template")
+@router.post("/apply_chat_template", openapi_extra=json_body(ChatTemplateRequest))
 async def apply_chat_template(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, ChatTemplateRequest)
@@ -107,7 +111,7 @@ async def apply_chat_template(request: Request):
     return {"text": state.engine.apply_chat_template(messages, req.add_generation_prompt)}
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
 async def tokenize(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, TokenizeRequest)
@@ -122,7 +126,7 @@ async def tokenize(request: Request):
     return {"tokens": ids, "count": len(ids), "max_model_len": state.token_limit}
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
 async def detokenize(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, DetokenizeRequest)

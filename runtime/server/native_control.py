@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from runtime.server.openapi import json_body
 from runtime.server.protocol import _Strict, parse_body
 from runtime.server.state import ServerState
 
@@ -21,7 +22,8 @@ class ConcateAndAppendRequest(_Strict):
     dst_rid: str
 
 
-@router.post("/abort_request")
+@router.post("/abort_request", response_class=Response, openapi_extra=json_body(AbortRequest),
+             responses={200: {"description": "Empty body."}})
 async def abort_request(request: Request):
     """Abort the request ``rid`` (or every running /generate request with ``abort_all``);
     an unknown or finished ``rid`` is a no-op, as in SGLang."""
@@ -33,7 +35,9 @@ async def abort_request(request: Request):
     return Response(status_code=200)
 
 
-@router.post("/concate_and_append_request")
+@router.post("/concate_and_append_request", response_class=Response,
+             openapi_extra=json_body(ConcateAndAppendRequest),
+             responses={200: {"description": "Empty body."}})
 async def concate_and_append_request(request: Request):
     """SGLang's frontend calls this after joining forks (``src_rids`` are its fork states,
     ``dst_rid`` the parent); it already re-sends the joined text in full with the next

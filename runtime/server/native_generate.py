@@ -45,10 +45,12 @@ from runtime.server.errors import bad_request, from_value_error
 from runtime.server.logprobs import native_logprobs
 from runtime.server.native import prompt_ids
 from runtime.server.native_output import Item, completions, result
-from runtime.server.native_params import (NativeParamError,
+from runtime.server.native_params import (SCHEMA as SAMPLING_SCHEMA, NativeParamError,
                                           engine_field_names, parse_sampling)
 from runtime.server.openai_common import check_output
-from runtime.server.protocol import _Strict, parse_body
+from runtime.server.openapi import STREAMED, json_body
+from runtime.server.protocol import NON_EMPTY_TEXT, NULL_ONLY, TEXTS, TOKEN_IDS, _Strict, \
+    documented, one_or_each, parse_body
 from runtime.server.state import ServerState
 from runtime.server.streaming import DONE, SSE_HEADERS, error_event, merge_streams, sse, \
     until_disconnect
@@ -58,21 +60,22 @@ _CONSTRAINTS = ("json_schema", "regex")
 
 
 class GenerateRequest(_Strict):
-    text: Any = None                      # str | list[str]
-    input_ids: Any = None                 # list[int] | list[list[int]]
-    sampling_params: Any = None           # dict | list[dict]
-    rid: Any = None                       # str | list[str]
-    return_logprob: Any = None            # bool | list[bool]
-    logprob_start_len: Any = None         # int | list[int]
-    top_logprobs_num: Any = None          # int | list[int]
-    token_ids_logprob: Any = None
+    text: documented({"anyOf": [NON_EMPTY_TEXT, TEXTS, {"type": "null"}]}) = None
+    input_ids: documented({"anyOf": [TOKEN_IDS, {"type": "array", "minItems": 1,
+                                                  "items": TOKEN_IDS}, {"type": "null"}]}) = None
+    sampling_params: one_or_each(SAMPLING_SCHEMA) = None
+    rid: one_or_each(NON_EMPTY_TEXT, null_items=False) = None
+    return_logprob: one_or_each({"type": "boolean"}) = None
+    logprob_start_len: one_or_each({"type": "integer", "minimum": -1}) = None
+    top_logprobs_num: one_or_each({"type": "integer", "minimum": 0, "maximum": 20}) = None
+    token_ids_logprob: NULL_ONLY = None
     return_text_in_logprobs: bool = False
     stream: bool = False
-    image_data: Any = None
-    audio_data: Any = None
-    video_data: Any = None
-    lora_path: Any = None
-    cache_salt: Any = None                # str | list[str]: prefix-cache namespace (tenant)
+    image_data: NULL_ONLY = None
+    audio_data: NULL_ONLY = None
+    video_data: NULL_ONLY = None
+    lora_path: NULL_ONLY = None
+    cache_salt: one_or_each(NON_EMPTY_TEXT) = None     # prefix-cache namespace (tenant)
     # agentlang's extension (SGLang's server ignores unknown top-level keys): a Lark grammar
     lark_grammar: str | None = None
     program: Any = None                   # optional DSL run/branch tag for the dashboard
@@ -192,7 +195,7 @@ def _engine_fields(req: GenerateRequest) -> dict[str, str]:
             "regex": "sampling_params.regex"}
 
 
-@router.post("/generate")
+@router.post("/generate", responses=STREAMED, openapi_extra=json_body(GenerateRequest))
 async def generate(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, GenerateRequest)

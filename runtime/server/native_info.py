@@ -144,7 +144,9 @@ async def get_server_info(request: Request):
     return server_info(request.app.state.server)
 
 
-@router.get("/health_generate")
+@router.get("/health_generate", response_class=Response, responses={
+    200: {"description": "A one-token generation came back (empty body)."},
+    503: {"description": "No token within the timeout, or the engine failed (empty body)."}})
 async def health_generate(request: Request):
     state: ServerState = request.app.state.server
     params = SamplingParams(max_tokens=1, temperature=0.0)

@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.server.protocol import TOKEN_ID
+
 DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 128, "min_new_tokens": 0, "n": 1,
     "stop": None, "stop_token_ids": None, "stop_regex": None,
@@ -35,6 +37,43 @@ DEFAULTS: dict[str, Any] = {
 MAX_STOP_COUNT = 32
 GREEDY_EPS = 1e-6
 _BOOLS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
+
+
+def _nullable(schema: dict) -> dict:
+    return {"anyOf": [schema, {"type": "null"}]}      # null = the default
+
+
+def _number(**bounds: float) -> dict:
+    return _nullable({"type": "number", **bounds})
+
+
+# What `if value:` lets through: the "not supported" fields accept exactly these.
+_FALSY = {"enum": [None, False, 0, "", [], {}]}
+_TEXT_OR_FALSY = {"anyOf": [{"type": "string"}, _FALSY]}
+# The JSON schema of one ``sampling_params`` object, exactly as parse_sampling checks it (a
+# token id's upper bound is the served vocabulary: see runtime.server.openapi).
+SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": {
+    "max_new_tokens": _nullable({"type": "integer", "minimum": 0}),
+    "min_new_tokens": _nullable({"type": "integer", "minimum": 0}),
+    "n": _nullable({"type": "integer", "minimum": 1, "maximum": 64}),
+    "stop": _nullable({"anyOf": [{"type": "string"}, {
+        "type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP_COUNT}]}),
+    "stop_token_ids": _nullable({"type": "array", "items": TOKEN_ID}),
+    "stop_regex": _nullable({"type": "array", "maxItems": 0}),
+    "temperature": _number(minimum=0), "top_p": _number(exclusiveMinimum=0, maximum=1),
+    "top_k": _nullable({"anyOf": [{"const": -1}, {"type": "integer", "minimum": 1}]}),
+    "min_p": _number(minimum=0, maximum=1),
+    "frequency_penalty": _number(minimum=-2, maximum=2),
+    "presence_penalty": _number(minimum=-2, maximum=2),
+    "repetition_penalty": _number(exclusiveMinimum=0, maximum=2),
+    "json_schema": _TEXT_OR_FALSY, "regex": _TEXT_OR_FALSY, "ebnf": _FALSY,
+    "structural_tag": _FALSY, "watermark": _FALSY, "logit_bias": _FALSY,
+    **{name: _nullable({"type": "boolean"}) for name in _BOOLS},
+    "stream_interval": _nullable({"type": "integer", "minimum": 1}),
+    "sampling_seed": _nullable({"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1}),
+    "custom_params": _nullable({"type": "object"}),
+    "beam_width": _nullable({"const": 1}),
+}}
 
 
 class NativeParamError(ValueError):

@@ -21,6 +21,7 @@ from runtime.server.openai_common import (
     finish_reason,
     usage,
 )
+from runtime.server.openapi import STREAMED, json_body
 from runtime.server.protocol import ChatCompletionRequest, parse_body
 from runtime.server.state import ServerState
 from runtime.server.streaming import DONE, SSE_HEADERS, error_event, merge_streams, sse, \
@@ -31,7 +32,8 @@ router = APIRouter()
 _TAG = "<tool_call>"
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=STREAMED,
+             openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, ChatCompletionRequest)

@@ -25,14 +25,14 @@ from runtime.server.openai_common import (
     finish_reason,
     sum_usage,
 )
-from runtime.server.protocol import CompletionRequest, parse_body
+from runtime.server.openapi import STREAMED, json_body
+from runtime.server.protocol import MAX_PROMPTS, CompletionRequest, parse_body
 from runtime.server.state import ServerState
 from runtime.server.streaming import DONE, SSE_HEADERS, error_event, merge_streams, sse, \
     until_disconnect
 
 router = APIRouter()
 DEFAULT_MAX_TOKENS = 16
-MAX_BATCH = 256
 
 
 @router.get("/v1/models")
@@ -44,7 +44,7 @@ async def list_models(request: Request):
     return {"object": "list", "data": [card]}
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=STREAMED, openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, CompletionRequest)
@@ -108,8 +108,8 @@ def _prompts(state: ServerState, prompt: Any) -> list[tuple[str, list[int]]]:
     if not isinstance(prompt, list) or not prompt:
         raise bad_request("prompt: must be a non-empty string, a list of strings, a list of "
                           "token ids or a list of token-id lists", "prompt")
-    if len(prompt) > MAX_BATCH:
-        raise bad_request(f"prompt: at most {MAX_BATCH} prompts per request, got {len(prompt)}",
+    if len(prompt) > MAX_PROMPTS:
+        raise bad_request(f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(prompt)}",
                           "prompt")
     return [one(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from runtime.server.state import ServerState
@@ -20,7 +20,7 @@ async def health(request: Request):
     return {"status": "ok", "model": state.served_model_name}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request):
     state: ServerState = request.app.state.server
     # off the event loop: the engine's figures are read under its step lock

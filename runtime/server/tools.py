@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.server.errors import APIError, bad_request
-from runtime.server.protocol import Tool
+from runtime.server.protocol import TOOL_NAME_PATTERN, Tool
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME_RE = re.compile(TOOL_NAME_PATTERN)
 EMPTY_PARAMS = {"type": "object", "properties": {}}
 _CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)

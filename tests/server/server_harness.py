@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,14 +15,11 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.cluster import free_port  # noqa: E402  (one owner of port picking)
+
 KV_BUDGET_MB = "48"        # ~1000 tokens: small, so the load test exercises a full pool
 API_KEY = "test-secret-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

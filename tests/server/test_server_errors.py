@@ -10,6 +10,8 @@ import httpx
 import pytest
 from server_harness import API_KEY, start_server
 
+from runtime.server.auth import OPEN_PATHS
+
 pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
@@ -170,6 +172,14 @@ def test_api_key_required(auth_server, method, path, key):
     err = r.json()["error"]
     assert err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error"
     assert set(err) == {"message", "type", "param", "code"}
+
+
+def test_api_key_documented_in_openapi(auth_server):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    doc = httpx.get(auth_server.url + "/openapi.json", headers=headers, timeout=30).json()
+    for path, item in doc["paths"].items():
+        for op in item.values():
+            assert ("401" in op["responses"]) == (path not in OPEN_PATHS), path
 
 
 def test_api_key_accepted_then_ctrl_c_stops_cleanly(auth_server):
