@@ -36,6 +36,7 @@ class RequestGroup:
     children: list["Request"] = field(default_factory=list)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
+    admit_time: float | None = None       # first admission to the running batch
     finish_time: float | None = None
     cached_tokens: int = 0
     prompt_logprobs: list[float | None] | None = None
@@ -59,6 +60,7 @@ class RequestGroup:
             "latency_s": end - self.arrival,
             "forward_passes_saved": sum(c.passes_saved for c in self.children),
             "preemptions": sum(c.preemptions for c in self.children),
+            "queue_s": None if self.admit_time is None else self.admit_time - self.arrival,
         }
         return RequestOutput(self.rid, list(self.prompt_ids), outs, meta,
                              self.prompt_logprobs, self.error)
@@ -76,7 +78,7 @@ class Request:
     page_table: object | None = None       # runtime.page_table.PageTable while admitted
     lock_node: object | None = None        # radix node locked while admitted
     admit_seq: int = -1                    # admission order (preemption picks the newest)
-    wait_steps: int = 0                    # steps spent waiting (fairness bound)
+    wait_steps: int = 0                    # steps spent waiting, whole life (aging: priority.py)
     finish_reason: str | None = None
     matched_stop: str | int | None = None
     logprobs: list[TokenLogprob] | None = None
@@ -89,6 +91,10 @@ class Request:
     @property
     def params(self) -> SamplingParams:
         return self.group.params
+
+    @property
+    def priority(self) -> int:
+        return self.group.params.priority
 
     @property
     def prompt_ids(self) -> list[int]:

@@ -27,10 +27,13 @@ class RuntimeEndpoint(Backend):
     capabilities = Capabilities()
 
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, priority: int | None = None):
+        """``priority``: the default of every run that sets none (higher first, unless the
+        server was started with ``--schedule-low-priority-values-first``)."""
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must be an http(s) URL, got {url!r}")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.set_default_priority(priority)
         self.url = url.rstrip("/")
         self.client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s,
                                    transport=transport)
@@ -124,8 +127,7 @@ class RuntimeEndpoint(Backend):
         self.client.close()
 
     # -- mapping ---------------------------------------------------------------------------
-    @staticmethod
-    def payload(text: str, opts: SamplingOptions, stream: bool) -> dict:
+    def payload(self, text: str, opts: SamplingOptions, stream: bool) -> dict:
         params = {
             "max_tokens": opts.max_tokens, "min_tokens": opts.min_tokens,
             "temperature": opts.temperature, "top_p": opts.top_p, "top_k": opts.top_k,
@@ -139,6 +141,9 @@ class RuntimeEndpoint(Backend):
         body: dict[str, Any] = {"text": text, "stream": stream,
                                 "sampling_params": {k: v for k, v in params.items()
                                                     if v is not None}}
+        for name, value in (("priority", self.priority_of(opts)), ("agent", opts.agent)):
+            if value is not None:
+                body[name] = value
         if opts.logprobs is not None:
             body["return_logprob"] = True
             body["top_logprobs_num"] = opts.logprobs

@@ -21,7 +21,8 @@ import uvicorn
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ENGINE_FLAGS = ("page_size", "kv_budget_mb", "max_batch_tokens", "max_running",
-                "grammar_backend", "dtype", "kv_dtype")
+                "grammar_backend", "dtype", "kv_dtype", "schedule_low_priority_values_first",
+                "max_wait_steps")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -42,6 +43,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="model and KV dtype (default float32)")
     p.add_argument("--kv-dtype", choices=("auto", "int8", "fp8_e4m3", "fp8_e5m2"), default=None,
                    help="KV cache storage (default auto: the model dtype)")
+    p.add_argument("--schedule-low-priority-values-first", action="store_true", default=None,
+                   help="serve lower 'priority' values first (vLLM's habit; default: higher "
+                        "first, as SGLang)")
+    p.add_argument("--max-wait-steps", type=int, default=None,
+                   help="aging: each this many steps waited raise a request's priority by one")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--served-model-name", default=None,

@@ -4,7 +4,8 @@
 ``POST /generate`` takes ``text`` (a string or a list) or ``input_ids`` (a list or a list of
 lists), ``sampling_params`` under the engine's field names (``max_new_tokens`` is accepted as
 SGLang's name for ``max_tokens``), ``stream``, ``return_logprob``, ``top_logprobs_num`` and
-``logprob_start_len``. One prompt with ``n == 1`` answers one object
+``logprob_start_len``, and top-level ``priority`` (an int, higher first as in SGLang's
+GenerateReqInput; see runtime.priority) and ``agent`` (an accounting label). One prompt with ``n == 1`` answers one object
 ``{"text", "output_ids", "meta_info"}``; a batch or ``n > 1`` answers a list (prompt-major).
 Streaming (one prompt) sends SSE events with the cumulative ``text``/``output_ids`` of the
 completion ``index``; the last event of each completion carries its full ``meta_info``; the
@@ -44,6 +45,8 @@ class GenerateRequest(_Strict):
     return_logprob: bool = False
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
+    priority: int | None = None
+    agent: str | None = None
 
 
 class ScoreRequest(_Strict):
@@ -103,12 +106,18 @@ def _params(state: ServerState, req: GenerateRequest, prompt_len: int) -> Sampli
         sp["logprobs"] = req.top_logprobs_num
     if req.logprob_start_len >= 0:
         sp["prompt_logprobs"] = 0
+    top_level = {k: v for k, v in (("priority", req.priority), ("agent", req.agent))
+                 if v is not None}
+    for name in set(top_level) & set(sp):
+        raise bad_request(f"{name}: give it at the top level, not also in sampling_params", name)
+    sp.update(top_level)
     state.max_tokens_for(prompt_len, sp.get("max_tokens", SamplingParams().max_tokens),
                          "sampling_params.max_tokens", "text")
     try:
         return SamplingParams(**sp)
     except ValueError as e:
-        renames = {f.name: f"sampling_params.{f.name}" for f in dataclasses.fields(SamplingParams)}
+        renames = {f.name: f"sampling_params.{f.name}" for f in dataclasses.fields(SamplingParams)
+                   if f.name not in top_level}
         raise from_value_error(e, renames, "sampling_params") from None
 
 
