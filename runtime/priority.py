@@ -91,3 +91,40 @@ class PriorityPolicy:
             if best is None or (eff, -r.admit_seq) < (best[0], -best[1].admit_seq):
                 best = (eff, r)
         return None if best is None else best[1]
+
+    def make_room(self, waiting: Iterable[Prioritized], running: list[Prioritized],
+                  slots: int, free_pages: int, room: "RoomCosts") -> int:
+        """Preempt running requests for waiting ones that outrank them. Waiting requests are
+        taken by effective priority (highest first, stable); each uses a free batch slot and
+        ``room.pages_needed(req)`` of ``free_pages`` if there are enough, else the policy's
+        victims of strictly lower effective priority are preempted (``room.preempt``, which
+        must remove the victim from ``running``; ``room.pages_held`` counts what it frees)
+        until it fits. Stops at the first waiting request that cannot be made to fit.
+        Returns the number of requests preempted."""
+        preempted = 0
+        for req in sorted(waiting, key=lambda r: -self.effective(r)):
+            need = room.pages_needed(req)
+            while slots < 1 or free_pages < need:
+                victim = self.victim(running, below=self.effective(req))
+                if victim is None:
+                    return preempted
+                free_pages += room.pages_held(victim)
+                room.preempt(victim)
+                preempted += 1
+                slots += 1
+            slots -= 1
+            free_pages -= need
+        return preempted
+
+
+class RoomCosts(Protocol):
+    """What :meth:`PriorityPolicy.make_room` needs from the scheduler."""
+
+    def pages_needed(self, req: Any) -> int:
+        """KV pages ``req`` needs to be admitted (its uncached tokens plus one)."""
+
+    def pages_held(self, req: Any) -> int:
+        """KV pages a running ``req`` releases when preempted."""
+
+    def preempt(self, req: Any) -> None:
+        """Preempt running ``req`` (remove it from the running list, requeue it)."""
