@@ -66,7 +66,8 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _engine_kwargs(args: argparse.Namespace) -> dict:
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """The engine settings given on the command line (flags left out keep the defaults)."""
     return {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k, None) is not None}
 
 
@@ -97,7 +98,7 @@ def serve_main(args: argparse.Namespace) -> int:
     print(f"loading model {args.model!r} ...", flush=True)
     t0 = time.perf_counter()
     try:
-        engine = Engine(args.model, **_engine_kwargs(args))
+        engine = Engine(args.model, **engine_kwargs(args))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
