@@ -20,12 +20,16 @@ rank while it runs. Consequences:
   ahead of every fresh one (which are ordered by cached prefix);
 - starvation bound: a request whose rank is ``gap`` below the highest rank arriving after it
   outranks every such arrival after at most ``(gap + 1) * age_steps`` waiting steps; from then
-  on none of them is admitted before it or preempts it. Pick small priority gaps (e.g. 0 and
+  on none of them is admitted before it or preempts it once it runs. Pick small priority gaps (e.g. 0 and
   10) when low priorities must make progress under sustained high-priority load.
 
 Preemption: a waiting request may take the slot and pages of running requests whose effective
-priority is strictly lower; the victim is the lowest effective priority, newest admission
-first (its KV goes into the radix cache and it is recomputed later, mostly from there).
+priority is strictly below its own (un-aged) rank; the victim is the lowest effective
+priority, newest admission first (its KV goes into the radix cache and it is recomputed later,
+mostly from there). Aging protects running requests but never makes a waiting one preempt:
+with equal priorities nothing is preempted for ordering, as before, and an aged request that
+outranks the arrivals is first in line when a slot frees (running requests are bounded by
+their ``max_tokens``).
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ class PriorityPolicy:
         """Preempt running requests for waiting ones that outrank them. Waiting requests are
         taken by effective priority (highest first, stable); each uses a free batch slot and
         ``room.pages_needed(req)`` of ``free_pages`` if there are enough, else the policy's
-        victims of strictly lower effective priority are preempted (``room.preempt``, which
+        victims whose effective priority is below the waiting request's rank are preempted (``room.preempt``, which
         must remove the victim from ``running``; ``room.pages_held`` counts what it frees)
         until it fits. Stops at the first waiting request that cannot be made to fit.
         Returns the number of requests preempted."""
@@ -105,7 +109,7 @@ class PriorityPolicy:
         for req in sorted(waiting, key=lambda r: -self.effective(r)):
             need = room.pages_needed(req)
             while slots < 1 or free_pages < need:
-                victim = self.victim(running, below=self.effective(req))
+                victim = self.victim(running, below=self.rank(req.priority))
                 if victim is None:
                     return preempted
                 free_pages += room.pages_held(victim)

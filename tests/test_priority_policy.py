@@ -113,6 +113,14 @@ def test_make_room_preempts_only_strictly_lower_for_slots_and_pages():
     # nothing lower to take: nobody preempted, equal priority never preempts
     room = Room([Req("x", 9, admit_seq=1)])
     assert p.make_room([Req("y", 9)], room.running, 0, 100, room) == 0
+    # aging orders the queue but never makes a waiting request preempt: an aged low request
+    # does not evict a fresh running one of its own priority, nor an aged running one a
+    # fresh arrival above its base priority
+    room = Room([Req("run", 0, admit_seq=1)])
+    assert p.make_room([Req("aged", 0, wait_steps=640)], room.running, 0, 100, room) == 0
+    room = Room([Req("aged_run", 0, wait_steps=200, admit_seq=1)])      # effective 3
+    assert p.make_room([Req("hi", 2)], room.running, 0, 100, room) == 0
+    assert p.make_room([Req("hi", 4)], room.running, 0, 100, room) == 1
 
 
 def test_priority_validation_names_the_field_and_range():
