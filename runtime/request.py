@@ -49,6 +49,12 @@ class RequestGroup:
     def finished(self) -> bool:
         return bool(self.children) and all(c.finish_reason is not None for c in self.children)
 
+    @property
+    def queue_s(self) -> float:
+        """Arrival → first admission (→ now or the finish, if it was never admitted)."""
+        end = self.admit_time or self.finish_time or time.perf_counter()
+        return end - self.arrival
+
     def output(self) -> RequestOutput:
         outs = [c.completion() for c in sorted(self.children, key=lambda c: c.index)]
         end = self.finish_time or time.perf_counter()
@@ -60,7 +66,7 @@ class RequestGroup:
             "latency_s": end - self.arrival,
             "forward_passes_saved": sum(c.passes_saved for c in self.children),
             "preemptions": sum(c.preemptions for c in self.children),
-            "queue_s": None if self.admit_time is None else self.admit_time - self.arrival,
+            "queue_s": self.queue_s,
         }
         return RequestOutput(self.rid, list(self.prompt_ids), outs, meta,
                              self.prompt_logprobs, self.error)
