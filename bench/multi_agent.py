@@ -3,7 +3,8 @@ agent keeps the server busy, with priorities off, on, and on an idle server.
 
 - interactive agent: one short chat turn (``POST /v1/chat/completions``, streaming, a short
   user question, ``--chat-tokens`` new tokens) every ``--period`` seconds for ``--duration``
-  seconds; TTFT = request sent → first SSE chunk with content. Label ``agent: interactive``.
+  seconds; TTFT = request sent → first SSE chunk with content (a turn with none within
+  ``--turn-timeout`` counts as that, reported as censored). Label ``agent: interactive``.
 - background agent: ``--background`` closed-loop clients on ``POST /generate``, each sending
   its next long request (``--bg-prompt-tokens`` prompt, ``--bg-new-tokens`` new) as soon as the
   previous one finished, so that many are always queued or running. Label ``agent: background``.
@@ -46,6 +47,7 @@ async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
     """One chat turn every ``period`` s; returns TTFTs and tokens generated."""
     ttfts: list[float] = []
     tokens = [0]
+    censored = [0]          # turns with no first token within turn_timeout (counted as it)
 
     async def turn(k: int) -> None:
         body = {"model": "default", "stream": True, "max_tokens": args.chat_tokens,
@@ -55,26 +57,35 @@ async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
         if priority is not None:
             body["priority"] = priority
         t0, first = time.perf_counter(), None
-        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
-            r.raise_for_status()
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    raise RuntimeError(event["error"])
-                if first is None and any(ch["delta"].get("content") for ch in event["choices"]):
-                    first = time.perf_counter() - t0
-                if event.get("usage"):
-                    tokens[0] += event["usage"]["completion_tokens"]
-        ttfts.append(first)
+
+        async def read() -> None:
+            nonlocal first
+            async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                r.raise_for_status()
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        raise RuntimeError(event["error"])
+                    if first is None and any(ch["delta"].get("content")
+                                             for ch in event["choices"]):
+                        first = time.perf_counter() - t0
+                    if event.get("usage"):
+                        tokens[0] += event["usage"]["completion_tokens"]
+
+        try:
+            await asyncio.wait_for(read(), args.turn_timeout)
+        except asyncio.TimeoutError:
+            censored[0] += first is None
+        ttfts.append(first if first is not None else args.turn_timeout)
 
     turns = []
     for k in range(int(args.duration / args.period)):
         turns.append(asyncio.create_task(turn(k)))
         await asyncio.sleep(args.period)
     await asyncio.gather(*turns)
-    return {"ttfts": ttfts, "tokens": tokens[0]}
+    return {"ttfts": ttfts, "tokens": tokens[0], "censored": censored[0]}
 
 
 async def background(c: httpx.AsyncClient, args, prompts: list[list[int]], priority: int | None,
@@ -122,7 +133,7 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
                 bg.cancel()
         gen = m1["agentlang_generation_tokens_total"] - m0["agentlang_generation_tokens_total"]
         ttfts = chat["ttfts"]
-        return {"turns": len(ttfts), "ttft_p50_s": percentile(ttfts, 50),
+        return {"turns": len(ttfts), "censored_turns": chat["censored"], "ttft_p50_s": percentile(ttfts, 50),
                 "ttft_p99_s": percentile(ttfts, 99), "ttft_max_s": max(ttfts),
                 "ttfts_sorted_s": [round(t, 3) for t in sorted(ttfts)],
                 "window_s": wall, "background_tokens_per_s": (gen - chat["tokens"]) / wall,
@@ -156,20 +167,23 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--period", type=float, default=2.0)
-    ap.add_argument("--chat-tokens", type=int, default=16)
+    ap.add_argument("--chat-tokens", type=int, default=8)
+    ap.add_argument("--turn-timeout", type=float, default=120.0,
+                    help="a turn with no first token by then counts as this TTFT (censored)")
     ap.add_argument("--background", type=int, default=128)
-    ap.add_argument("--bg-prompt-tokens", type=int, default=256)
+    ap.add_argument("--bg-prompt-tokens", type=int, default=128)
     ap.add_argument("--bg-new-tokens", type=int, default=128)
     ap.add_argument("--high", type=int, default=10, help="the interactive priority when on")
     ap.add_argument("--ramp", type=float, default=10.0, help="background head start (s)")
     ap.add_argument("--kv-budget-mb", type=float, default=1024)
+    ap.add_argument("--max-running", type=int, default=64)
     ap.add_argument("--modes", default="idle,off,on")
     ap.add_argument("--quick", action="store_true",
-                    help="20 s, 16 background clients of 64+32 tokens, 4 s ramp")
+                    help="20 s, 24 background clients of 64+32 tokens, 8 running, 4 s ramp")
     ap.add_argument("--out", default=str(ROOT / "bench/results/multi_agent.json"))
     args = ap.parse_args()
     if args.quick:
-        args.duration, args.background, args.ramp = 20.0, 16, 4.0
+        args.duration, args.background, args.ramp, args.max_running = 20.0, 24, 4.0, 8
         args.bg_prompt_tokens, args.bg_new_tokens = 64, 32
     from transformers import AutoTokenizer
 
@@ -178,13 +192,14 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(resolve_model().path)
     rng = random.Random(0)
     prompts = [text_of_tokens(tok, args.bg_prompt_tokens, rng) for _ in range(args.background)]
-    engine_kwargs = {"kv_budget_mb": args.kv_budget_mb}
+    engine_kwargs = {"kv_budget_mb": args.kv_budget_mb, "max_running": args.max_running}
     runs = {}
     for mode in args.modes.split(","):
         runs[mode] = run_mode(mode, args, prompts, engine_kwargs)
         r = runs[mode]
         print(f"{mode:>4}: interactive TTFT p50 {r['ttft_p50_s']:.3f} s p99 "
-              f"{r['ttft_p99_s']:.3f} s ({r['turns']} turns); background "
+              f"{r['ttft_p99_s']:.3f} s ({r['turns']} turns, {r['censored_turns']} censored); "
+              f"background "
               f"{r['background_tokens_per_s']:.1f} tok/s; {r['preemptions']:.0f} preemptions",
               flush=True)
     result = {"machine": "2-core x86_64 CPU (shared)", "model": "SmolLM2-135M-Instruct (float32)",
