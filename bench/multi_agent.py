@@ -25,8 +25,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.serve import _scrape, percentile, start_server  # noqa: E402
+from bench.serve import _scrape, percentile, sse_events, start_server, stop_server  # noqa: E402,E501
 from bench.workloads import text_of_tokens  # noqa: E402
 
 QUESTIONS = ("What is the capital of France?", "Name a prime number above ten.",
@@ -60,19 +58,11 @@ async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
 
         async def read() -> None:
             nonlocal first
-            async with c.stream("POST", "/v1/chat/completions", json=body) as r:
-                r.raise_for_status()
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[6:])
-                    if "error" in event:
-                        raise RuntimeError(event["error"])
-                    if first is None and any(ch["delta"].get("content")
-                                             for ch in event["choices"]):
-                        first = time.perf_counter() - t0
-                    if event.get("usage"):
-                        tokens[0] += event["usage"]["completion_tokens"]
+            async for event in sse_events(c, "/v1/chat/completions", body):
+                if first is None and any(ch["delta"].get("content") for ch in event["choices"]):
+                    first = time.perf_counter() - t0
+                if event.get("usage"):
+                    tokens[0] += event["usage"]["completion_tokens"]
 
         try:
             await asyncio.wait_for(read(), args.turn_timeout)
@@ -133,8 +123,8 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
                 bg.cancel()
         gen = m1["agentlang_generation_tokens_total"] - m0["agentlang_generation_tokens_total"]
         ttfts = chat["ttfts"]
-        return {"turns": len(ttfts), "censored_turns": chat["censored"], "ttft_p50_s": percentile(ttfts, 50),
-                "ttft_p99_s": percentile(ttfts, 99), "ttft_max_s": max(ttfts),
+        return {"turns": len(ttfts), "censored_turns": chat["censored"],
+                "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99), "ttft_max_s": max(ttfts),
                 "ttfts_sorted_s": [round(t, 3) for t in sorted(ttfts)],
                 "window_s": wall, "background_tokens_per_s": (gen - chat["tokens"]) / wall,
                 "preemptions": m1["agentlang_preemptions_total"] -
@@ -143,11 +133,7 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
     try:
         return asyncio.run(main())
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
 
 
 async def _scrape_labeled(c: httpx.AsyncClient) -> dict[str, dict[str, float]]:
