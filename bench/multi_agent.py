@@ -103,16 +103,19 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
     proc, url = start_server(engine_kwargs, log)
 
     async def main() -> dict:
-        limits = httpx.Limits(max_connections=args.background + 16)
-        async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as c:
+        # Two clients: the background's connections never hold up an interactive turn.
+        limits = httpx.Limits(max_connections=args.background + 4)
+        async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as bc, \
+                httpx.AsyncClient(base_url=url, timeout=3600,
+                                  limits=httpx.Limits(max_connections=None)) as c:
             warm = argparse.Namespace(**{**vars(args), "duration": 1, "period": 1})
             await interactive(c, warm, None)                           # warm-up
             (await c.post("/flush_cache")).raise_for_status()
             stop = asyncio.Event()
             bg = None
             if mode != "idle":
-                bg = asyncio.create_task(background(c, args, prompts, 0 if mode == "on" else None,
-                                                    stop))
+                bg = asyncio.create_task(background(bc, args, prompts,
+                                                    0 if mode == "on" else None, stop))
                 await asyncio.sleep(args.ramp)                          # the queue fills up
             m0, t0 = await _scrape(c), time.perf_counter()
             chat = await interactive(c, args, args.high if mode == "on" else None)
