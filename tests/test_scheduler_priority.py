@@ -125,3 +125,24 @@ def test_per_label_totals():
     assert stats["other"]["generated_tokens"] == 4 and stats["unlabeled"]["requests"] == 1
     assert stats["planner"]["queue_s"] >= 0 and stats["other"]["queue_s"] > 0
     h.assert_no_leak()
+
+
+def test_random_priorities_in_a_tiny_pool_keep_outputs_and_pages():
+    """Mixed priorities, 3 slots and 14 pages of 4 tokens: preemptions for slots and pages
+    happen, every request still ends with the fake model's greedy tokens, nothing leaks."""
+    import random
+
+    rng = random.Random(0)
+    preempted = 0
+    for _ in range(10):
+        h = StepHarness(page_size=PS, num_pages=14, max_batch_tokens=256, max_running=3)
+        groups = [h.submit([rng.randint(1, 60) for _ in range(rng.randint(8, 36))],
+                           max_tokens=16, ignore_eos=True,
+                           priority=rng.choice([0, 5, -2, 1, 9, 3])) for _ in range(8)]
+        h.run(3000)
+        for g in groups:
+            assert g.error is None and g.children[0].output_ids == expected_tokens(
+                g.prompt_ids, 16)
+        preempted += h.scheduler.preemptions
+        h.assert_no_leak()
+    assert preempted > 0
