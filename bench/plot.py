@@ -97,9 +97,9 @@ def multi_agent(d: dict, ax) -> str:
                                         "TTFT p99 (s)": [r["ttft_p99_s"] for r in runs.values()]},
          "interactive time to first token (s)", fmt="{:.2f}")
     ax.set_yscale("log")
-    lost = d.get("background_throughput_lost")
-    return (f"Interactive agent vs {d['settings']['background']} background requests"
-            + (f" (background throughput lost: {lost * 100:.0f} %)" if lost is not None else ""))
+    censored = ", ".join(f"{k} {r['censored_turns']}/{r['turns']}" for k, r in runs.items())
+    return (f"Interactive agent vs {d['settings']['background']} background requests\n"
+            f"(turns without a first token in {d['settings']['turn_timeout']:.0f} s: {censored})")
 
 
 def kernels(d: dict, ax) -> str:
