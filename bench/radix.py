@@ -8,7 +8,7 @@ to ``runtime/radix_cache.py`` is measured against the code it replaces:
 
 Workload (page_size 1, seeded): ``--keys`` random keys of 24–40 tokens over 8 first tokens
 and a 64-token vocabulary, so keys share prefixes and each insert adds a leaf and usually a
-split (~2 nodes per key). Timed phases:
+split (76k keys make a ~100k-node tree). Timed phases:
 
 * insert — every key, as a finishing request hands its pages to the tree;
 * match  — ``--matches`` lookups of stored keys (the scheduler's admission path: keys come
@@ -90,9 +90,9 @@ def run_in(checkout: Path, args: argparse.Namespace) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--before", type=Path, help="checkout whose runtime/ is the baseline")
-    ap.add_argument("--keys", type=int, default=50_000)
+    ap.add_argument("--keys", type=int, default=76_000)
     ap.add_argument("--matches", type=int, default=20_000)
-    ap.add_argument("--evictions", type=int, default=300)
+    ap.add_argument("--evictions", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="2k keys, this checkout only")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

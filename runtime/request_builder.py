@@ -102,11 +102,10 @@ class RequestBuilder:
         p = group.params
         if not p.has_constraint:
             return
-        from runtime.grammar.constraints import constraint_from_params
+        from runtime.grammar.constraints import CONSTRAINT_FIELDS, constraint_from_params
 
-        c = constraint_from_params(json_schema=p.json_schema, regex=p.regex, choices=p.choices,
-                                   grammar=p.grammar, value_type=p.value_type,
-                                   json_indent=p.json_indent)
+        c = constraint_from_params(json_indent=p.json_indent,
+                                   **{k: getattr(p, k) for k in CONSTRAINT_FIELDS})
         group.grammar = self.grammars.get().submit(c)
 
     # ---- requests (stepping thread) ------------------------------------------------------

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.agent_stats import check_label
+from runtime.grammar.constraints import CONSTRAINT_FIELDS
 from runtime.priority import check_priority
 
 
@@ -80,8 +81,7 @@ class SamplingParams:
 
     @property
     def has_constraint(self) -> bool:
-        return any(getattr(self, k) is not None
-                   for k in ("json_schema", "regex", "choices", "grammar", "value_type"))
+        return any(getattr(self, k) is not None for k in CONSTRAINT_FIELDS)
 
     def _normalize(self) -> None:
         if self.stop is None:
