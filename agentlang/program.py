@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import re
 import inspect
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +30,12 @@ def _resolve_backend(backend: Backend | None) -> Backend:
     if not isinstance(backend, Backend):
         raise ValueError(f"backend must be an agentlang backend, got {type(backend).__name__}")
     return backend
+
+
+def program_label(name: str) -> str:
+    """A program name as an accounting label (runtime.agent_stats: ``[A-Za-z0-9_.:/-]``,
+    at most 64 characters)."""
+    return re.sub(r"[^A-Za-z0-9_.:/-]", "_", name)[:64] or "program"
 
 
 def _split_options(kwargs: dict[str, Any]) -> tuple[SamplingOptions, dict[str, Any]]:
@@ -103,7 +111,10 @@ class Program:
         """Run once. Keyword arguments are program arguments or run-wide sampling defaults
         (max_new_tokens=128, temperature=1.0, top_p, top_k, min_p, stop, stop_token_ids,
         frequency_penalty, presence_penalty, repetition_penalty, ignore_eos, seed,
-        return_logprob, top_logprobs_num). ``stream=True`` returns at once; read the text
+        return_logprob, top_logprobs_num) or scheduling options: ``priority`` (an int, higher
+        first; default: the backend's) and ``agent`` (an accounting label; default: the
+        program name). Every call the program makes, forks included, inherits them.
+        ``stream=True`` returns at once; read the text
         with ``state.text_iter()``."""
         defaults, kwargs = _split_options(dict(kwargs))
         arguments = self.arguments(args, kwargs)
@@ -111,6 +122,8 @@ class Program:
 
     def _execute(self, backend: Backend, arguments: dict[str, Any], defaults: SamplingOptions,
                  stream: bool) -> ProgramState:
+        if defaults.agent is None:
+            defaults = dataclasses.replace(defaults, agent=program_label(self.name))
         ctx = RunContext(backend, backend.chat_template(), defaults, stream, name=self.name)
         if defaults.seed is not None:
             ctx.rng.seed(defaults.seed)

@@ -37,6 +37,8 @@ class SamplingOptions:
     regex: str | None = None
     grammar: str | None = None   # Lark grammar
     value_type: str | None = None  # "int" | "float" | "bool" | "str"
+    priority: int | None = None  # scheduling priority, higher first (None: the backend's default)
+    agent: str | None = None     # accounting label (a run's default: the program name)
 
     @property
     def logprobs(self) -> int | None:
@@ -94,7 +96,7 @@ def make_options(*, max_tokens=None, min_tokens=None, stop=None, stop_token_ids=
                  temperature=None, top_p=None, top_k=None, min_p=None, frequency_penalty=None,
                  presence_penalty=None, repetition_penalty=None, ignore_eos=None, seed=None,
                  return_logprob=None, top_logprobs_num=None, dtype=None, regex=None,
-                 json_schema=None, grammar=None) -> SamplingOptions:
+                 json_schema=None, grammar=None, priority=None, agent=None) -> SamplingOptions:
     """Validate user-facing gen()/run() arguments; raises ValueError naming the field."""
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
@@ -115,6 +117,8 @@ def make_options(*, max_tokens=None, min_tokens=None, stop=None, stop_token_ids=
         stop = tuple(stop)
         if not all(isinstance(x, str) and x for x in stop):
             raise ValueError(f"stop must be a non-empty str or a list of them, got {stop!r}")
+    if priority is not None or agent is not None:
+        check_scheduling(priority, agent)
     if stop_token_ids is not None:
         stop_token_ids = tuple(int(t) for t in stop_token_ids)
     value_type = None
@@ -143,22 +147,36 @@ def make_options(*, max_tokens=None, min_tokens=None, stop=None, stop_token_ids=
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
         repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed,
         return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
-        json_schema=json_schema, regex=regex, grammar=grammar, value_type=value_type)
+        json_schema=json_schema, regex=regex, grammar=grammar, value_type=value_type,
+        priority=priority, agent=agent)
+
+
+def check_scheduling(priority: Any, agent: Any) -> None:
+    """ValueError naming ``priority`` / ``agent`` unless both are None or valid (the runtime
+    owns the accepted range and label format)."""
+    from runtime.agent_stats import check_label
+    from runtime.priority import check_priority
+
+    if priority is not None:
+        check_priority(priority, "priority")
+    check_label(agent, "agent")
 
 
 def run_defaults(*, max_new_tokens=128, stop=None, stop_token_ids=None, temperature=1.0,
                  top_p=1.0, top_k=-1, min_p=0.0, frequency_penalty=0.0, presence_penalty=0.0,
                  repetition_penalty=1.0, ignore_eos=False, seed=None, return_logprob=False,
-                 top_logprobs_num=None) -> SamplingOptions:
+                 top_logprobs_num=None, priority=None, agent=None) -> SamplingOptions:
     """The base options of a run (SGLang's ``run()`` defaults)."""
     opts = make_options(max_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids,
                         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                         repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed,
-                        return_logprob=return_logprob, top_logprobs_num=top_logprobs_num)
+                        return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
+                        priority=priority, agent=agent)
     return replace(opts, min_tokens=0, stop=opts.stop or (), stop_token_ids=opts.stop_token_ids or ())
 
 
 RUN_OPTION_NAMES = ("max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
                     "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                    "ignore_eos", "seed", "return_logprob", "top_logprobs_num")
+                    "ignore_eos", "seed", "return_logprob", "top_logprobs_num", "priority",
+                    "agent")

@@ -89,6 +89,19 @@ def serve(d: dict, ax) -> str:
     return "Server overhead: HTTP vs in-process"
 
 
+def multi_agent(d: dict, ax) -> str:
+    """Interactive TTFT p50 / p99 per run (idle server, priorities off, on)."""
+    runs = {k: d["runs"][k] for k in ("idle", "off", "on") if k in d["runs"]}
+    names = {"idle": "idle server", "off": "busy, priorities off", "on": "busy, priorities on"}
+    bars(ax, [names[k] for k in runs], {"TTFT p50 (s)": [r["ttft_p50_s"] for r in runs.values()],
+                                        "TTFT p99 (s)": [r["ttft_p99_s"] for r in runs.values()]},
+         "interactive time to first token (s)", fmt="{:.2f}")
+    ax.set_yscale("log")
+    censored = ", ".join(f"{k} {r['censored_turns']}/{r['turns']}" for k, r in runs.items())
+    return (f"Interactive agent vs {d['settings']['background']} background requests\n"
+            f"(turns without a first token in {d['settings']['turn_timeout']:.0f} s: {censored})")
+
+
 def kernels(d: dict, ax) -> str:
     """Decode: kernel-only % of the device's copy bandwidth against context, per batch."""
     rows = [r for r in d["decode"] if "pct_of_copy_graph" in r]
@@ -127,6 +140,7 @@ CHARTS: dict[str, tuple[str, Callable[[dict, plt.Axes], str]]] = {
     "throughput": ("throughput", throughput), "programs": ("programs", programs),
     "kv_memory": ("kv_memory", kv_memory), "kv_quant": ("kv_quant", kv_quant),
     "structured": ("structured", structured), "serve": ("serve", serve),
+    "multi_agent": ("multi_agent", multi_agent),
     "kernels": ("kernels", kernels), "kernels_extend": ("kernels", kernels_extend),
 }
 

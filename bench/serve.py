@@ -143,18 +143,11 @@ def run_http(items: list[Item], concurrency: int, engine_kwargs: dict, log_path:
                         "stream_options": {"include_usage": True}}
                 t0 = time.perf_counter()
                 first, n = None, 0
-                async with c.stream("POST", "/v1/completions", json=body) as r:
-                    r.raise_for_status()
-                    async for line in r.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        event = json.loads(line[6:])
-                        if "error" in event:
-                            raise RuntimeError(event["error"])
-                        if first is None and any(ch["text"] for ch in event["choices"]):
-                            first = time.perf_counter() - t0
-                        if event.get("usage"):
-                            n = event["usage"]["completion_tokens"]
+                async for event in sse_events(c, "/v1/completions", body):
+                    if first is None and any(ch["text"] for ch in event["choices"]):
+                        first = time.perf_counter() - t0
+                    if event.get("usage"):
+                        n = event["usage"]["completion_tokens"]
                 return first, n
 
             await one(Item(items[0].prompt_ids[:16], 2))      # warm-up
@@ -173,11 +166,29 @@ def run_http(items: list[Item], concurrency: int, engine_kwargs: dict, log_path:
     try:
         return asyncio.run(main())
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Ctrl-C the server; kill it if it has not exited within 30 s."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+async def sse_events(c: httpx.AsyncClient, path: str, body: dict):
+    """The JSON events of a streaming POST (until ``[DONE]``); an error event raises."""
+    async with c.stream("POST", path, json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(event["error"])
+            yield event
 
 
 async def _scrape(c: httpx.AsyncClient) -> dict[str, float]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from runtime.agent_stats import AgentStats
 from runtime.attention.base import make_backend
 from runtime.cuda_graph import make_decode_graphs
 from runtime.engine_config import EngineConfig
@@ -75,7 +76,9 @@ class Engine:
         copy = lambda src, dst: self.backend.copy_pages(self.pool, src, dst)  # noqa: E731
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.page_size, cfg.max_batch_tokens, cfg.max_running,
-                            cfg.max_wait_steps), self.allocator, self.cache, copy)
+                            cfg.max_wait_steps,
+                            low_priority_values_first=cfg.schedule_low_priority_values_first),
+            self.allocator, self.cache, copy)
         graphs = make_decode_graphs(cfg.cuda_graph, self.model, self.pool, self.backend,
                                     self.allocator, cfg.max_running, mc.max_position_embeddings)
         self.runner = ModelRunner(self.model, self.pool, self.backend, graphs)
@@ -90,7 +93,8 @@ class Engine:
         self.builder = RequestBuilder(self.tokenizer, mc.vocab_size, self.max_context,
                                       self.pool.capacity_tokens, self.namespace_base,
                                       self.grammars, cfg.seed)
-        self.tracker = RequestTracker()
+        self.agent_stats = AgentStats(cfg.max_agent_labels)   # per-label totals (/metrics)
+        self.tracker = RequestTracker(self.agent_stats)
         self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
                                          self.tokenizer, self.eos_ids, self.max_context)
         self.step_loop = StepLoop(self.step, self._fail_all)

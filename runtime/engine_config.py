@@ -22,7 +22,9 @@ class EngineConfig:
     kv_dtype: str = "auto"                # "auto" (model dtype) | "int8" | "fp8_e4m3" | "fp8_e5m2"
     max_batch_tokens: int = 2048
     max_running: int = 64
-    max_wait_steps: int = 64
+    max_wait_steps: int = 64              # aging: +1 effective priority per this many steps waited
+    schedule_low_priority_values_first: bool = False   # priority direction (runtime.priority)
+    max_agent_labels: int = 32            # per-agent accounting series before "other"
     attention_backend: str = "auto"
     grammar_backend: str = "xgrammar"
     enable_prefix_cache: bool = True
@@ -38,6 +40,12 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.schedule_low_priority_values_first, bool):
+            raise ValueError(f"schedule_low_priority_values_first must be a boolean, got "
+                             f"{self.schedule_low_priority_values_first!r}")
+        if not isinstance(self.max_agent_labels, int) or self.max_agent_labels < 0:
+            raise ValueError(f"max_agent_labels must be an integer >= 0, got "
+                             f"{self.max_agent_labels!r}")
         if self.kv_budget_mb is not None and not self.kv_budget_mb > 0:
             raise ValueError(f"kv_budget_mb must be > 0, got {self.kv_budget_mb!r}")
         if self.num_pages is not None and (not isinstance(self.num_pages, int) or self.num_pages < 2):

@@ -44,6 +44,7 @@ class RequestGroup:
     children: list["Request"] = field(default_factory=list)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
+    admit_time: float | None = None       # first admission to the running batch
     finish_time: float | None = None
     cached_tokens: int = 0
     prompt_logprobs: list[float | None] | None = None
@@ -56,6 +57,12 @@ class RequestGroup:
     def finished(self) -> bool:
         return bool(self.children) and all(c.finish_reason is not None for c in self.children)
 
+    @property
+    def queue_s(self) -> float:
+        """Arrival → first admission (→ now or the finish, if it was never admitted)."""
+        end = self.admit_time or self.finish_time or time.perf_counter()
+        return end - self.arrival
+
     def output(self) -> RequestOutput:
         outs = [c.completion() for c in sorted(self.children, key=lambda c: c.index)]
         end = self.finish_time or time.perf_counter()
@@ -67,6 +74,7 @@ class RequestGroup:
             "latency_s": end - self.arrival,
             "forward_passes_saved": sum(c.passes_saved for c in self.children),
             "preemptions": sum(c.preemptions for c in self.children),
+            "queue_s": self.queue_s,
         }
         return RequestOutput(self.rid, list(self.prompt_ids), outs, meta,
                              self.prompt_logprobs, self.error)
@@ -103,7 +111,7 @@ class Request:
     page_table: PageTable | None = None    # while admitted
     lock_node: TreeNode | None = None      # radix node locked while admitted
     admit_seq: int = -1                    # admission order (preemption picks the newest)
-    wait_steps: int = 0                    # steps spent waiting (fairness bound)
+    wait_steps: int = 0                    # steps spent waiting, whole life (aging: priority.py)
     finish_reason: str | None = None
     matched_stop: str | int | None = None
     logprobs: list[TokenLogprob] | None = None
@@ -116,6 +124,10 @@ class Request:
     @property
     def params(self) -> SamplingParams:
         return self.group.params
+
+    @property
+    def priority(self) -> int:
+        return self.group.params.priority
 
     @property
     def prompt_ids(self) -> list[int]:

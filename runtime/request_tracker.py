@@ -1,5 +1,6 @@
 """The owner of the engine's live requests: request groups by id, groups waiting for their
-grammar to compile, and the request counters.
+grammar to compile, and the request counters (overall, and per agent label when given an
+:class:`~runtime.agent_stats.AgentStats`).
 
 Bookkeeping only — it never touches the scheduler or the cache. It is used from the thread
 that steps the engine (submissions and aborts reach it through the engine's inbox).
@@ -10,6 +11,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from runtime.agent_stats import AgentStats
 from runtime.request import RequestGroup
 
 
@@ -23,8 +25,9 @@ class RequestCounters:
 
 
 class RequestTracker:
-    def __init__(self) -> None:
+    def __init__(self, agent_stats: AgentStats | None = None) -> None:
         self.counters = RequestCounters()
+        self.agent_stats = agent_stats
         self._groups: dict[str, RequestGroup] = {}
         self._pending_grammar: list[RequestGroup] = []
 
@@ -73,3 +76,7 @@ class RequestTracker:
         self.counters.requests_finished += 1
         self._groups.pop(group.rid, None)
         self.stop_waiting(group)
+        if self.agent_stats is not None:
+            self.agent_stats.record(group.params.agent, len(group.prompt_ids),
+                                    sum(len(c.output_ids) for c in group.children),
+                                    group.cached_tokens, group.queue_s)

@@ -10,7 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.agent_stats import check_label
 from runtime.grammar.constraints import CONSTRAINT_FIELDS
+from runtime.priority import check_priority
 
 
 GREEDY_BELOW = 1e-6   # a temperature this small is greedy (as SGLang's): 1/T would overflow
@@ -45,6 +47,8 @@ class SamplingParams:
     json_indent: int | None = None    # None = compact JSON
     jump_forward: bool = True
     cache_salt: str | None = None     # tenant isolation in the prefix cache
+    priority: int = 0                 # higher first (runtime.priority: range, aging)
+    agent: str | None = None          # accounting label (runtime.agent_stats)
 
     def __init__(self, **kwargs: Any):
         names = {f.name: f for f in dataclasses.fields(self)}
@@ -141,6 +145,8 @@ class SamplingParams:
             raise bad("json_indent", "must be None (compact) or an integer >= 0")
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise bad("cache_salt", "must be a string")
+        check_priority(self.priority, "priority")
+        check_label(self.agent, "agent")
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
                      "jump_forward"):
             if not isinstance(getattr(self, name), bool):

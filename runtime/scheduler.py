@@ -4,13 +4,15 @@ Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_bat
 
 1. every running request with uncomputed tokens, oldest admission first — decodes cost one
    token, an unfinished (chunked) prefill takes what budget is left;
-2. waiting requests, longest cached prefix first (cache-aware), except that a request that has
-   waited ``max_wait_steps`` steps goes first (fairness bound), up to ``max_running``.
+2. waiting requests by effective priority (``runtime.priority``: priority plus one per
+   ``max_wait_steps`` steps waited — the aging rule that bounds starvation), then longest
+   cached prefix first (cache-aware), up to ``max_running``. Before that, a waiting request
+   that finds no free slot or pages preempts running ones of lower effective priority.
    A waiting request whose not-yet-cached prompt overlaps a prefill in flight waits one more
    step, so a shared prefix is computed once and then matched from the cache.
 
-Out of pages: evict from the radix cache, then preempt the most recently admitted running
-request (its computed KV goes into the cache, it is requeued and recomputed later). A request
+Out of pages: evict from the radix cache, then preempt the running request of lowest effective
+priority, most recently admitted first (its computed KV goes into the cache, it is requeued and recomputed later). A request
 is never dropped; one that cannot fit even alone ends with ``finish_reason="length"``.
 
 Token ids reach the radix cache as ``TokenKey.trusted``: prompts were validated when the
@@ -20,6 +22,7 @@ request was made and sampled ids come from the model, so the cache does not re-c
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ from typing import NamedTuple
 
 from runtime.page_allocator import OutOfPagesError, PageAllocator
 from runtime.page_table import PageTable, PageTableStats
+from runtime.priority import PriorityPolicy
 from runtime.radix_cache import RadixCache, TokenKey
 from runtime.request import Request, RequestRow
 
@@ -38,6 +42,7 @@ class SchedulerConfig:
     max_running: int = 64
     max_wait_steps: int = 64
     min_shared_prefix: int = 32   # tokens of in-flight overlap that make a request wait a step
+    low_priority_values_first: bool = False
 
 
 class ScheduledItem(NamedTuple):
@@ -69,6 +74,7 @@ class Scheduler:
         self.cache = cache
         self.copy_fn = copy_fn
         self.table_stats = PageTableStats()
+        self.policy = PriorityPolicy(cfg.low_priority_values_first, cfg.max_wait_steps)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
@@ -129,7 +135,7 @@ class Scheduler:
 
     def _reserve(self, req: Request, n: int, can_preempt: bool) -> bool:
         """Reserve pages for ``n`` more tokens of ``req``: evict from the cache, then (if
-        allowed) preempt the most recently admitted running request — possibly ``req``
+        allowed) preempt the policy's victim (lowest priority, newest) — possibly ``req``
         itself. False if ``req`` got no pages (then it may have been preempted)."""
         while True:
             try:
@@ -142,7 +148,7 @@ class Scheduler:
                     continue
                 if not can_preempt or len(self.running) <= 1:
                     return False
-                victim = max(self.running, key=lambda r: r.admit_seq)
+                victim = self.policy.victim(self.running)
                 self.preempt(victim)
                 if victim is req:
                     return False
@@ -169,8 +175,21 @@ class Scheduler:
         if self.on_preempt is not None:
             self.on_preempt(req)
 
+    # ---- priority preemption (PriorityPolicy.make_room's RoomCosts) -----------------------
+    def pages_needed(self, req: Request) -> int:
+        m = self.cache.match_prefix(TokenKey.trusted(req.all_ids), req.group.namespace,
+                                    record=False)
+        return -(-(req.num_tokens + 1 - m.length) // self.cfg.page_size) + 1
+
+    def pages_held(self, req: Request) -> int:
+        return len(req.page_table.pages) if req.page_table is not None else 0
+
     # ---- the step ----------------------------------------------------------------------
     def schedule(self) -> Schedule:
+        if self.waiting and self.running:
+            self.policy.make_room(self.waiting, self.running,
+                                  self.cfg.max_running - len(self.running),
+                                  self.allocator.num_free + self.cache.evictable_pages, self)
         budget = self.cfg.max_batch_tokens
         items: list[ScheduledItem] = []
         unfit: list[Request] = []
@@ -204,12 +223,11 @@ class Scheduler:
         for r in self.waiting:
             m = self.cache.match_prefix(TokenKey.trusted(r.all_ids), r.group.namespace,
                                         record=False)
-            starving = r.wait_steps >= self.cfg.max_wait_steps
-            keyed.append((not starving, -m.length if not starving else 0, r, m))
-        keyed.sort(key=lambda t: (t[0], t[1]))   # stable: FIFO among equals
+            keyed.append((self.policy.admission_key(r, m.length), r, m))
+        keyed.sort(key=lambda t: t[0])   # stable: FIFO among equals
         inflight = [it.req for it in items if not it.completes] + \
                    [r for r in self.running if r.num_uncomputed > 1]
-        for _, _, req, m in keyed:
+        for _, req, m in keyed:
             if budget <= 0 or len(self.running) >= self.cfg.max_running:
                 break
             if not m.node.alive:    # an earlier admission evicted it: the match is stale
@@ -238,7 +256,8 @@ class Scheduler:
             self.waiting.remove(req)
             self._admit_counter += 1
             req.admit_seq = self._admit_counter
-            req.wait_steps = 0
+            if req.group.admit_time is None:
+                req.group.admit_time = time.perf_counter()
             self.running.append(req)
             items.append(self._item(req, n))
             inflight.append(req)

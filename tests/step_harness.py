@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.agent_stats import AgentStats
 from runtime.errors import UNFIT_IN_KV_POOL
 from runtime.output_processor import OutputProcessor
 from runtime.page_allocator import PageAllocator
@@ -75,13 +76,16 @@ def _no_grammar():
 class StepHarness:
     def __init__(self, page_size: int = 4, num_pages: int = 256, max_batch_tokens: int = 256,
                  max_running: int = 16, max_wait_steps: int = 64, min_shared_prefix: int = 32,
-                 max_context: int = 4096):
+                 max_context: int = 4096, low_priority_values_first: bool = False,
+                 max_agent_labels: int = 32):
         self.allocator = PageAllocator(num_pages)
         self.cache = RadixCache(self.allocator, page_size)
         self.scheduler = Scheduler(
             SchedulerConfig(page_size, max_batch_tokens, max_running, max_wait_steps,
-                            min_shared_prefix), self.allocator, self.cache, lambda src, dst: None)
-        self.tracker = RequestTracker()
+                            min_shared_prefix, low_priority_values_first),
+            self.allocator, self.cache, lambda src, dst: None)
+        self.agent_stats = AgentStats(max_agent_labels)
+        self.tracker = RequestTracker(self.agent_stats)
         self.tokenizer = FakeTokenizer()
         self.builder = RequestBuilder(self.tokenizer, VOCAB, max_context,
                                       num_pages * page_size, ("fake",),

@@ -65,6 +65,7 @@ class Capabilities:
     stop_token_ids: bool = True
     extended_sampling: bool = True    # top_k, min_p, min_tokens, ignore_eos, repetition_penalty
     text_prompt: bool = True          # False: chat-only API; gen must open an assistant turn
+    priority: bool = True             # honours a scheduling priority
 
 
 class Backend(ABC):
@@ -100,6 +101,22 @@ class Backend(ABC):
     def metrics(self) -> dict:
         return {}
 
+    default_priority: int | None = None   # a run's priority when it sets none
+
+    def set_default_priority(self, priority: int | None) -> None:
+        """The priority of every generation whose run sets none (None: the server's, 0)."""
+        if priority is not None:
+            from agentlang.sampling import check_scheduling
+
+            check_scheduling(priority, None)
+            if not self.capabilities.priority:
+                raise UnsupportedFeatureError(f"{type(self).__name__} cannot honour priority")
+        self.default_priority = priority
+
+    def priority_of(self, opts: SamplingOptions) -> int | None:
+        """The run's priority, else this backend's default (None: leave it to the server)."""
+        return opts.priority if opts.priority is not None else self.default_priority
+
     def close(self) -> None:
         """Release resources (threads, connections, engines). Idempotent."""
 
@@ -125,6 +142,7 @@ class Backend(ABC):
             ("ignore_eos", bool(opts.ignore_eos), caps.extended_sampling),
             ("repetition_penalty", opts.repetition_penalty not in (None, 1.0),
              caps.extended_sampling),
+            ("priority", opts.priority is not None, caps.priority),
         ]
         for feature, requested, supported in wanted:
             if requested and not supported:

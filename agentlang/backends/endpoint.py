@@ -29,7 +29,7 @@ from agentlang.chat_template import ChatTemplate, derive_chat_template
 from agentlang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from agentlang.sampling import SamplingOptions
 
-EXTENSIONS = ("lark_grammar", "program")   # agentlang-only top-level fields of /generate
+EXTENSIONS = ("lark_grammar", "program", "agent")   # agentlang-only top-level /generate fields
 _TYPE_REGEX = {"int": REGEX_INT, "float": REGEX_FLOAT, "bool": REGEX_BOOL, "str": REGEX_STR}
 
 
@@ -41,10 +41,13 @@ class RuntimeEndpoint(Backend):
     capabilities = Capabilities()
 
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, priority: int | None = None):
+        """``priority``: the default of every run that sets none (higher first, unless the
+        server was started with ``--schedule-low-priority-values-first``)."""
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must be an http(s) URL, got {url!r}")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.set_default_priority(priority)
         self.url = url.rstrip("/")
         self.client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s,
                                    transport=transport)
@@ -179,8 +182,8 @@ class RuntimeEndpoint(Backend):
         self.client.close()
 
     # -- mapping ---------------------------------------------------------------------------
-    @staticmethod
-    def payload(text: str, opts: SamplingOptions, stream: bool, tag: dict | None = None) -> dict:
+    def payload(self, text: str, opts: SamplingOptions, stream: bool,
+                tag: dict | None = None) -> dict:
         """The ``/generate`` body. ``tag`` (the program / branch asking) travels as the optional
         top-level ``program`` field, never inside ``sampling_params``."""
         schema = opts.json_schema_dict()
@@ -200,6 +203,9 @@ class RuntimeEndpoint(Backend):
                                                     if v is not None}}
         if opts.grammar is not None:
             body["lark_grammar"] = opts.grammar
+        for name, value in (("priority", self.priority_of(opts)), ("agent", opts.agent)):
+            if value is not None:
+                body[name] = value
         if opts.logprobs is not None:
             body["return_logprob"] = True
             body["top_logprobs_num"] = opts.logprobs

@@ -40,7 +40,7 @@ class OpenAI(Backend):
         self.capabilities = Capabilities(
             regex=False, json_schema=chat, grammar=False, value_type=False, logprobs=True,
             score=not chat, prefix_cache=False, stream=True, stop_token_ids=False,
-            extended_sampling=False, text_prompt=not chat)
+            extended_sampling=False, text_prompt=not chat, priority=False)
         template = chat_template or chatml()
         self._template = dataclasses.replace(template, stop_str=()) if chat else template
 

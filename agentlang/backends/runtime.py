@@ -26,7 +26,9 @@ def engine_option_names() -> list[str]:
 class Runtime(Backend):
     capabilities = Capabilities()
 
-    def __init__(self, model: str = "default", **engine_args: Any):
+    def __init__(self, model: str = "default", *, priority: int | None = None,
+                 **engine_args: Any):
+        """``priority``: the default of every run that sets none (higher first)."""
         if "model_path" in engine_args:  # SGLang's name for the model
             if model != "default":
                 raise ValueError("give model or model_path, not both")
@@ -36,6 +38,7 @@ class Runtime(Backend):
         if unknown:
             raise ValueError(f"unknown Runtime option(s) {unknown}; accepted: "
                              f"{', '.join(accepted)}")
+        self.set_default_priority(priority)
         from runtime import Engine
 
         self.engine = Engine(model=model, **engine_args)
@@ -90,8 +93,7 @@ class Runtime(Backend):
     shutdown = close  # SGLang's name
 
     # -- mapping -----------------------------------------------------------------------
-    @staticmethod
-    def sampling_params(opts: SamplingOptions) -> Any:
+    def sampling_params(self, opts: SamplingOptions) -> Any:
         from runtime import SamplingParams
 
         fields = dict(
@@ -102,7 +104,8 @@ class Runtime(Backend):
             seed=opts.seed, stop=list(opts.stop or ()),
             stop_token_ids=list(opts.stop_token_ids or ()), ignore_eos=opts.ignore_eos,
             logprobs=opts.logprobs, json_schema=opts.json_schema, regex=opts.regex,
-            grammar=opts.grammar, value_type=opts.value_type)
+            grammar=opts.grammar, value_type=opts.value_type, priority=self.priority_of(opts),
+            agent=opts.agent)
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
 
     @staticmethod

@@ -21,7 +21,8 @@ import uvicorn
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ENGINE_FLAGS = ("page_size", "kv_budget_mb", "max_batch_tokens", "max_running",
-                "grammar_backend", "dtype", "kv_dtype")
+                "grammar_backend", "dtype", "kv_dtype", "schedule_low_priority_values_first",
+                "max_wait_steps")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -42,6 +43,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="model and KV dtype (default float32)")
     p.add_argument("--kv-dtype", choices=("auto", "int8", "fp8_e4m3", "fp8_e5m2"), default=None,
                    help="KV cache storage (default auto: the model dtype)")
+    p.add_argument("--schedule-low-priority-values-first", action="store_true", default=None,
+                   help="serve lower 'priority' values first (vLLM's habit; default: higher "
+                        "first, as SGLang)")
+    p.add_argument("--max-wait-steps", type=int, default=None,
+                   help="aging: each this many steps waited raise a request's priority by one")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--served-model-name", default=None,
@@ -60,7 +66,8 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _engine_kwargs(args: argparse.Namespace) -> dict:
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """The engine settings given on the command line (flags left out keep the defaults)."""
     return {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k, None) is not None}
 
 
@@ -91,7 +98,7 @@ def serve_main(args: argparse.Namespace) -> int:
     print(f"loading model {args.model!r} ...", flush=True)
     t0 = time.perf_counter()
     try:
-        engine = Engine(args.model, **_engine_kwargs(args))
+        engine = Engine(args.model, **engine_kwargs(args))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -79,6 +79,8 @@ class GenerateRequest(_Strict):
     # agentlang's extension (SGLang's server ignores unknown top-level keys): a Lark grammar
     lark_grammar: str | None = None
     program: Any = None                   # optional DSL run/branch tag for the dashboard
+    priority: Any = None                  # int | list[int]: higher first, as SGLang's
+    agent: Any = None                     # str | list[str]: accounting label (agentlang's)
 
 
 def _per_prompt(value: Any, count: int, single: bool, name: str) -> list[Any]:
@@ -122,6 +124,8 @@ def _items(state: ServerState, req: GenerateRequest) -> tuple[bool, list[Item]]:
     starts = _per_prompt(req.logprob_start_len, n, single, "logprob_start_len")
     tops = _per_prompt(req.top_logprobs_num, n, single, "top_logprobs_num")
     salts = _per_prompt(req.cache_salt, n, single, "cache_salt")
+    priorities = _per_prompt(req.priority, n, single, "priority")
+    agents = _per_prompt(req.agent, n, single, "agent")
     vocab = state.engine.model_config.vocab_size
     items = []
     for i, ids in enumerate(prompts):
@@ -167,7 +171,10 @@ def _items(state: ServerState, req: GenerateRequest) -> tuple[bool, list[Item]]:
             fields["logprobs"] = top
             if start >= 0:
                 fields["prompt_logprobs"] = 0
-        params = state.sampling_params(fields, engine_field_names(where), where)
+        fields.update(priority=priorities[i], agent=agents[i])
+        params = state.sampling_params(
+            fields, engine_field_names(where) | {"priority": f"priority{at}", "agent": f"agent{at}"},
+            where)
         items.append(Item(ids, "", sampling, params, constraint, lp, start, top))
     for item, rid in zip(items, _rids(req, n, single)):
         item.rid = rid

@@ -28,6 +28,7 @@ def base_fields(req: SamplingFields, max_tokens: int) -> dict[str, Any]:
         "ignore_eos": req.ignore_eos, "min_tokens": req.min_tokens, "cache_salt": req.cache_salt,
         "stop_token_ids": req.stop_token_ids, "skip_special_tokens": req.skip_special_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
+        "priority": req.priority, "agent": req.agent,
     }
 
 

@@ -128,6 +128,8 @@ class SamplingFields(_Strict):
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    priority: int | None = None              # as vLLM / SGLang: scheduling priority
+    agent: str | None = None                 # agentlang: per-agent accounting label
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -1,0 +1,211 @@
+"""Many agents on one server: an interactive agent's time to first token while a background
+agent keeps the server busy, with priorities off, on, and on an idle server.
+
+- interactive agent: one short chat turn (``POST /v1/chat/completions``, streaming, a short
+  user question, ``--chat-tokens`` new tokens) every ``--period`` seconds for ``--duration``
+  seconds; TTFT = request sent → first SSE chunk with content (a turn with none within
+  ``--turn-timeout`` counts as that, reported as censored). Label ``agent: interactive``.
+- background agent: ``--background`` closed-loop clients on ``POST /generate``, each sending
+  its next long request (``--bg-prompt-tokens`` prompt, ``--bg-new-tokens`` new) as soon as the
+  previous one finished, so that many are always queued or running. Label ``agent: background``.
+
+Runs, each on a fresh ``python -m runtime.server`` process with the same settings:
+``idle`` (interactive agent alone), ``off`` (both agents, no priorities), ``on`` (both,
+interactive ``priority`` = ``--high``, background ``priority`` = 0). Background throughput =
+tokens generated on the server during the interactive window (``/metrics``
+``agentlang_generation_tokens_total``) minus the interactive agent's, per second; "lost" =
+1 - on / off. Greedy, ``ignore_eos``.
+
+    python bench/multi_agent.py [--duration 60] [--period 2] [--background 128] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.serve import _scrape, percentile, sse_events, start_server, stop_server  # noqa: E402,E501
+from bench.workloads import text_of_tokens  # noqa: E402
+
+QUESTIONS = ("What is the capital of France?", "Name a prime number above ten.",
+             "Say hello in Spanish.", "What colour is the sky?", "How many legs has a cat?")
+
+
+async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
+    """One chat turn every ``period`` s; returns TTFTs and tokens generated."""
+    ttfts: list[float] = []
+    tokens = [0]
+    censored = [0]          # turns with no first token within turn_timeout (counted as it)
+
+    async def turn(k: int) -> None:
+        body = {"model": "default", "stream": True, "max_tokens": args.chat_tokens,
+                "temperature": 0, "ignore_eos": True, "agent": "interactive",
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": QUESTIONS[k % len(QUESTIONS)]}]}
+        if priority is not None:
+            body["priority"] = priority
+        t0, first = time.perf_counter(), None
+
+        async def read() -> None:
+            nonlocal first
+            async for event in sse_events(c, "/v1/chat/completions", body):
+                if first is None and any(ch["delta"].get("content") for ch in event["choices"]):
+                    first = time.perf_counter() - t0
+                if event.get("usage"):
+                    tokens[0] += event["usage"]["completion_tokens"]
+
+        try:
+            await asyncio.wait_for(read(), args.turn_timeout)
+        except asyncio.TimeoutError:
+            censored[0] += first is None
+        ttfts.append(first if first is not None else args.turn_timeout)
+
+    turns = []
+    for k in range(int(args.duration / args.period)):
+        turns.append(asyncio.create_task(turn(k)))
+        await asyncio.sleep(args.period)
+    await asyncio.gather(*turns)
+    return {"ttfts": ttfts, "tokens": tokens[0], "censored": censored[0]}
+
+
+async def background(c: httpx.AsyncClient, args, prompts: list[list[int]], priority: int | None,
+                     stop: asyncio.Event) -> None:
+    async def client(i: int) -> None:
+        k = i
+        while not stop.is_set():
+            body = {"input_ids": prompts[k % len(prompts)], "agent": "background",
+                    "sampling_params": {"max_new_tokens": args.bg_new_tokens, "temperature": 0,
+                                        "ignore_eos": True}}
+            if priority is not None:
+                body["priority"] = priority
+            try:
+                (await c.post("/generate", json=body)).raise_for_status()
+            except httpx.HTTPError:
+                if not stop.is_set():
+                    raise
+            k += args.background
+
+    await asyncio.gather(*[client(i) for i in range(args.background)])
+
+
+def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> dict:
+    log = Path(tempfile.mkstemp(prefix=f"bench-multi-agent-{mode}-", suffix=".log")[1])
+    proc, url = start_server(engine_kwargs, log)
+
+    async def main() -> dict:
+        # Two clients: the background's connections never hold up an interactive turn.
+        limits = httpx.Limits(max_connections=args.background + 4)
+        async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as bc, \
+                httpx.AsyncClient(base_url=url, timeout=3600,
+                                  limits=httpx.Limits(max_connections=None)) as c:
+            warm = argparse.Namespace(**{**vars(args), "duration": 1, "period": 1})
+            await interactive(c, warm, None)                           # warm-up
+            (await c.post("/flush_cache")).raise_for_status()
+            stop = asyncio.Event()
+            bg = None
+            if mode != "idle":
+                bg = asyncio.create_task(background(bc, args, prompts,
+                                                    0 if mode == "on" else None, stop))
+                await asyncio.sleep(args.ramp)                          # the queue fills up
+            m0, t0 = await _scrape(c), time.perf_counter()
+            chat = await interactive(c, args, args.high if mode == "on" else None)
+            m1, wall = await _scrape(c), time.perf_counter() - t0
+            full = await _scrape_labeled(c)
+            stop.set()
+            if bg is not None:
+                bg.cancel()
+        gen = m1["agentlang_generation_tokens_total"] - m0["agentlang_generation_tokens_total"]
+        ttfts = chat["ttfts"]
+        return {"turns": len(ttfts), "censored_turns": chat["censored"],
+                "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99), "ttft_max_s": max(ttfts),
+                "ttfts_sorted_s": [round(t, 3) for t in sorted(ttfts)],
+                "window_s": wall, "background_tokens_per_s": (gen - chat["tokens"]) / wall,
+                "preemptions": m1["agentlang_preemptions_total"] -
+                m0["agentlang_preemptions_total"], "per_agent": full}
+
+    try:
+        return asyncio.run(main())
+    finally:
+        stop_server(proc)
+
+
+async def _scrape_labeled(c: httpx.AsyncClient) -> dict[str, dict[str, float]]:
+    """``{agent: {metric: value}}`` of the per-agent series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[str, float]] = {}
+    for f in text_string_to_metric_families((await c.get("/metrics")).text):
+        for s in f.samples:
+            if f.name.startswith("agentlang_agent_") and "agent" in s.labels:
+                out.setdefault(s.labels["agent"], {})[s.name] = s.value
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--period", type=float, default=2.0)
+    ap.add_argument("--chat-tokens", type=int, default=8)
+    ap.add_argument("--turn-timeout", type=float, default=120.0,
+                    help="a turn with no first token by then counts as this TTFT (censored)")
+    ap.add_argument("--background", type=int, default=128)
+    ap.add_argument("--bg-prompt-tokens", type=int, default=128)
+    ap.add_argument("--bg-new-tokens", type=int, default=128)
+    ap.add_argument("--high", type=int, default=10, help="the interactive priority when on")
+    ap.add_argument("--ramp", type=float, default=10.0, help="background head start (s)")
+    ap.add_argument("--kv-budget-mb", type=float, default=1024)
+    ap.add_argument("--max-running", type=int, default=64)
+    ap.add_argument("--modes", default="idle,off,on")
+    ap.add_argument("--quick", action="store_true",
+                    help="20 s, 24 background clients of 64+32 tokens, 8 running, 4 s ramp")
+    ap.add_argument("--out", default=str(ROOT / "bench/results/multi_agent.json"))
+    args = ap.parse_args()
+    if args.quick:
+        args.duration, args.background, args.ramp, args.max_running = 20.0, 24, 4.0, 8
+        args.bg_prompt_tokens, args.bg_new_tokens = 64, 32
+    from transformers import AutoTokenizer
+
+    from runtime.model_loader import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model().path)
+    rng = random.Random(0)
+    prompts = [text_of_tokens(tok, args.bg_prompt_tokens, rng) for _ in range(args.background)]
+    engine_kwargs = {"kv_budget_mb": args.kv_budget_mb, "max_running": args.max_running}
+    runs = {}
+    for mode in args.modes.split(","):
+        runs[mode] = run_mode(mode, args, prompts, engine_kwargs)
+        r = runs[mode]
+        print(f"{mode:>4}: interactive TTFT p50 {r['ttft_p50_s']:.3f} s p99 "
+              f"{r['ttft_p99_s']:.3f} s ({r['turns']} turns, {r['censored_turns']} censored); "
+              f"background "
+              f"{r['background_tokens_per_s']:.1f} tok/s; {r['preemptions']:.0f} preemptions",
+              flush=True)
+    result = {"machine": "2-core x86_64 CPU (shared)", "model": "SmolLM2-135M-Instruct (float32)",
+              "command": "python bench/multi_agent.py " + " ".join(sys.argv[1:]),
+              "settings": {k: v for k, v in vars(args).items() if k not in ("out", "modes")},
+              "engine": engine_kwargs, "runs": runs}
+    if {"idle", "on"} <= set(runs):
+        result["on_p99_over_idle_p99"] = runs["on"]["ttft_p99_s"] / runs["idle"]["ttft_p99_s"]
+    if {"off", "on"} <= set(runs):
+        result["background_throughput_lost"] = 1 - (runs["on"]["background_tokens_per_s"] /
+                                                    runs["off"]["background_tokens_per_s"])
+    for k in ("on_p99_over_idle_p99", "background_throughput_lost"):
+        if k in result:
+            print(f"{k}: {result[k]:.3f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Priorities and per-agent accounting on the real engine (embedded model): a high-priority
+arrival preempts running low-priority requests, greedy outputs stay those of the HF oracle,
+no page leaks, and the per-label totals add up."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from runtime import Engine, SamplingParams
+
+pytestmark = pytest.mark.slow
+N_NEW = 40
+
+
+def greedy(n: int = N_NEW, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, **kw)
+
+
+def test_priority_preemption_keeps_outputs_and_pages(model_path, oracle, prompt_ids):
+    eng = Engine(model_path, page_size=16, kv_budget_mb=64, max_running=2, max_agent_labels=4)
+    eng.start_background_loop()
+    try:
+        lows, hi_prompt = prompt_ids[:2], prompt_ids[2]
+        outs: list = []
+        worker = threading.Thread(target=lambda: outs.extend(
+            eng.generate(lows, greedy(priority=0, agent="background"))))
+        worker.start()
+        deadline = time.monotonic() + 120
+        while eng.metrics()["generated_tokens"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert eng.metrics()["num_running"] == 2, "both low-priority requests should run"
+        hi = eng.generate(hi_prompt, greedy(8, priority=5, agent="interactive"))
+        worker.join(300)
+        assert eng.metrics()["preemptions"] >= 1
+        assert sum(o.meta["preemptions"] for o in outs) >= 1
+        assert hi.meta["preemptions"] == 0
+        # greedy outputs are the oracle's, preempted or not
+        oracle.assert_same(hi_prompt, hi.outputs[0].token_ids,
+                           list(oracle.continuation(tuple(hi_prompt), 8)), "high")
+        for p, o in zip(lows, outs):
+            oracle.assert_same(p, o.outputs[0].token_ids,
+                               list(oracle.continuation(tuple(p), N_NEW)), "preempted low")
+        # the high request finished before the low ones (it did not wait for a slot)
+        assert hi.meta["latency_s"] < max(o.meta["latency_s"] for o in outs)
+        stats = eng.agent_stats.snapshot()
+        assert stats["background"]["requests"] == 2
+        assert stats["background"]["generated_tokens"] == 2 * N_NEW
+        assert stats["background"]["prompt_tokens"] == sum(len(p) for p in lows)
+        assert stats["interactive"] == {
+            "requests": 1, "prompt_tokens": len(hi_prompt), "generated_tokens": 8,
+            "cached_tokens": hi.meta["cached_tokens"], "queue_s": pytest.approx(
+                hi.meta["queue_s"])}
+    finally:
+        eng.shutdown()
+    eng.flush_cache()
+    assert eng.allocator.num_free == eng.allocator.num_pages
+    eng.cache.check_integrity()
+
+
+def test_priorities_do_not_change_batched_outputs(model_path, oracle, prompt_ids):
+    """All prompts at once, one slot at a time, mixed priorities and a tiny pool: admission
+    order and preemptions change, tokens do not."""
+    eng = Engine(model_path, page_size=4, num_pages=14, max_batch_tokens=256, max_running=3)
+    params = [greedy(16, priority=p) for p in (0, 5, -2, 5, 1, 0, 9, 3)[: len(prompt_ids)]]
+    outs = eng.generate(prompt_ids, params)
+    for p, o in zip(prompt_ids, outs):
+        oracle.assert_same(p, o.outputs[0].token_ids, list(oracle.continuation(tuple(p), 16)),
+                           "mixed priorities")
+    eng.flush_cache()
+    assert eng.allocator.num_free == eng.allocator.num_pages
+    stats = eng.agent_stats.snapshot()
+    assert list(stats) == ["unlabeled"] and stats["unlabeled"]["requests"] == len(prompt_ids)
+
+
+def test_label_overflow_goes_to_other(model_path):
+    eng = Engine(model_path, page_size=16, kv_budget_mb=32, max_agent_labels=2)
+    eng.generate(["a", "b", "c", "d"], [SamplingParams(max_tokens=1, agent=f"agent{i}")
+                                        for i in range(4)])
+    stats = eng.agent_stats.snapshot()
+    assert sorted(stats) == ["agent0", "agent1", "other"]
+    assert stats["other"]["requests"] == 2

@@ -1,0 +1,157 @@
+"""The priority policy alone (runtime/priority.py) and per-label accounting
+(runtime/agent_stats.py), on small stand-in requests: ordering, direction, aging bound,
+victim choice, make_room, label bounds and validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from runtime.agent_stats import OTHER, UNLABELED, AgentStats, check_label
+from runtime.priority import PRIORITY_MAX, PRIORITY_MIN, PriorityPolicy, check_priority
+
+
+@dataclass(eq=False)
+class Req:
+    name: str
+    priority: int = 0
+    wait_steps: int = 0
+    admit_seq: int = 0
+    pages: int = 1
+
+
+def order(policy: PriorityPolicy, reqs: list[Req], cached: dict[str, int] | None = None):
+    cached = cached or {}
+    return [r.name for r in sorted(reqs, key=lambda r: policy.admission_key(
+        r, cached.get(r.name, 0)))]
+
+
+def test_higher_priority_first_then_cached_prefix_then_fifo():
+    p = PriorityPolicy()
+    reqs = [Req("a", 0), Req("b", 5), Req("c", 0), Req("d", 5), Req("e", -3)]
+    assert order(p, reqs) == ["b", "d", "a", "c", "e"]
+    assert order(p, reqs, {"c": 32, "d": 16}) == ["d", "b", "c", "a", "e"]
+
+
+def test_low_values_first_reverses_direction_only():
+    p = PriorityPolicy(low_values_first=True)
+    reqs = [Req("a", 0), Req("b", 5), Req("c", -3), Req("d", 0)]
+    assert order(p, reqs) == ["c", "a", "d", "b"]
+
+
+def test_aging_subsumes_the_old_wait_jump():
+    """Equal priorities: a request that waited age_steps goes ahead of fresh ones with a
+    longer cached prefix (the old max_wait_steps rule)."""
+    p = PriorityPolicy(age_steps=64)
+    old, fresh = Req("old", wait_steps=63), Req("fresh")
+    assert order(p, [fresh, old], {"fresh": 100}) == ["fresh", "old"]
+    old.wait_steps = 64
+    assert order(p, [fresh, old], {"fresh": 100}) == ["old", "fresh"]
+
+
+@pytest.mark.parametrize("gap", [0, 1, 7, 50])
+def test_aging_bound_against_a_stream_of_higher_arrivals(gap):
+    """Simulate one admission per step against a fresh higher-priority arrival every step:
+    the low request is admitted after at most (gap + 1) * age_steps waiting steps."""
+    age = 8
+    p = PriorityPolicy(age_steps=age)
+    low = Req("low", priority=0)
+    queue: list[Req] = [low]
+    for step in range(10_000):
+        queue.append(Req(f"hi{step}", priority=gap))
+        for r in queue:
+            r.wait_steps += 1
+        first = min(queue, key=lambda r: p.admission_key(r, 0))
+        queue.remove(first)
+        if first is low:
+            break
+    assert low.wait_steps <= (gap + 1) * age
+    assert low.wait_steps >= gap * age     # ties (FIFO) win from gap * age: the bound is tight
+
+
+def test_victim_lowest_effective_then_newest():
+    p = PriorityPolicy(age_steps=10)
+    running = [Req("a", 0, admit_seq=1), Req("b", 0, admit_seq=2), Req("c", 3, admit_seq=3),
+               Req("d", 0, wait_steps=10, admit_seq=4)]
+    assert p.victim(running).name == "b"
+    assert p.victim(running, below=0) is None
+    assert p.victim(running, below=1).name == "b"
+    running[1].priority = 9
+    assert p.victim(running, below=1).name == "a"
+
+
+class Room:
+    def __init__(self, running: list[Req]):
+        self.running = running
+        self.preempted: list[str] = []
+
+    def pages_needed(self, req: Req) -> int:
+        return req.pages
+
+    def pages_held(self, req: Req) -> int:
+        return req.pages
+
+    def preempt(self, req: Req) -> None:
+        self.running.remove(req)
+        self.preempted.append(req.name)
+
+
+def test_make_room_preempts_only_strictly_lower_for_slots_and_pages():
+    p = PriorityPolicy()
+    running = [Req("bg1", 0, admit_seq=1, pages=4), Req("bg2", 0, admit_seq=2, pages=4),
+               Req("mid", 5, admit_seq=3, pages=4)]
+    room = Room(running)
+    # batch full (0 slots): two high-priority arrivals take the two newest low ones' slots
+    n = p.make_room([Req("hi1", 9), Req("hi2", 9), Req("eq", 0)], running, 0, 100, room)
+    assert n == 2 and room.preempted == ["bg2", "bg1"]
+    # slots free but pages short: the page need decides
+    running = [Req("bg", 0, admit_seq=1, pages=6), Req("mid", 5, admit_seq=2, pages=6)]
+    room = Room(running)
+    assert p.make_room([Req("hi", 9, pages=5)], running, 3, 2, room) == 1
+    assert room.preempted == ["bg"]
+    # nothing lower to take: nobody preempted, equal priority never preempts
+    room = Room([Req("x", 9, admit_seq=1)])
+    assert p.make_room([Req("y", 9)], room.running, 0, 100, room) == 0
+    # aging orders the queue but never makes a waiting request preempt: an aged low request
+    # does not evict a fresh running one of its own priority, nor an aged running one a
+    # fresh arrival above its base priority
+    room = Room([Req("run", 0, admit_seq=1)])
+    assert p.make_room([Req("aged", 0, wait_steps=640)], room.running, 0, 100, room) == 0
+    room = Room([Req("aged_run", 0, wait_steps=200, admit_seq=1)])      # effective 3
+    assert p.make_room([Req("hi", 2)], room.running, 0, 100, room) == 0
+    assert p.make_room([Req("hi", 4)], room.running, 0, 100, room) == 1
+
+
+def test_priority_validation_names_the_field_and_range():
+    assert check_priority(PRIORITY_MAX) == PRIORITY_MAX
+    assert check_priority(PRIORITY_MIN) == PRIORITY_MIN
+    for bad in ("1", 1.0, True, None, PRIORITY_MAX + 1, PRIORITY_MIN - 1):
+        with pytest.raises(ValueError, match=r"^priority: .*-2147483648"):
+            check_priority(bad)
+    with pytest.raises(ValueError, match="age_steps"):
+        PriorityPolicy(age_steps=0)
+
+
+def test_labels_bounded_with_overflow_into_other():
+    s = AgentStats(max_labels=2)
+    s.record("planner", 10, 5, 4, 0.5)
+    s.record("researcher", 20, 6, 0, 1.0)
+    s.record("third", 30, 7, 1, 2.0)
+    s.record("fourth", 40, 8, 2, 3.0)
+    s.record(None, 1, 1, 0, 0.0)
+    s.record("planner", 10, 5, 10, 0.25)
+    snap = s.snapshot()
+    assert set(snap) == {"planner", "researcher", OTHER, UNLABELED}
+    assert snap["planner"] == {"requests": 2, "prompt_tokens": 20, "generated_tokens": 10,
+                               "cached_tokens": 14, "queue_s": 0.75}
+    assert snap[OTHER]["requests"] == 2 and snap[OTHER]["prompt_tokens"] == 70
+    assert snap[UNLABELED]["requests"] == 1
+
+
+def test_label_validation():
+    assert check_label(None) is None
+    assert check_label("agent-1.planner:v2/x_y") == "agent-1.planner:v2/x_y"
+    for bad in ("", "x" * 65, "has space", "é", 3, ["a"]):
+        with pytest.raises(ValueError, match=r"^agent: "):
+            check_label(bad)
