@@ -1,12 +1,13 @@
 """A GGUF model file, validated: architecture, config from metadata, tensor names/types/shapes.
 
-:func:`open_gguf` reads only the header (tensor data stay memory-mapped) and checks everything
+:func:`open_gguf` reads only the header and checks everything
 a load needs before any weight is decoded: the architecture is Llama/Mistral/Qwen2, every
 tensor type is one we can decode, every expected tensor is present with the shape the metadata
 implies, and the file is long enough for every tensor. Any failure raises :class:`GgufError`
 naming what was found and what is supported, so a bad file never yields a half-loaded model.
 
-Row order: llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` of Llama-arch
+Tensor data are read one tensor at a time with plain reads (not kept mapped), so a load's
+resident memory is what it builds plus one tensor in flight. Row order: llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` of Llama-arch
 models (interleaved RoPE pairs); :meth:`GgufFile.rows` undoes it on the raw (still quantized)
 rows, so weights come out in HF's "rotate half" order.
 """
@@ -37,12 +38,29 @@ class GgufError(ModelLoadError):
     """A GGUF file cannot be loaded; the message names what was found and what is supported."""
 
 
+_PLAIN = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+
 @dataclass(frozen=True)
 class GgufTensor:
     name: str
     qtype: str                 # GGML type name, e.g. "Q4_1"
     shape: tuple[int, ...]     # torch order: (rows, cols) for matrices, (n,) for vectors
-    data: np.ndarray           # memory-mapped; quantized: uint8 [rows, bytes per row]
+    offset: int                # absolute byte offset in the file
+    rows: int
+    row_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    def read(self, path: Path) -> np.ndarray:
+        """The stored data, read (not mapped: file pages do not stay in this process's RSS).
+        Quantized: uint8 ``[rows, row bytes]``; F32/F16/BF16: ``shape`` in that type."""
+        raw = np.fromfile(path, dtype=np.uint8, count=self.nbytes, offset=self.offset)
+        if self.qtype in _PLAIN:
+            return raw.view(_PLAIN[self.qtype]).reshape(self.shape)
+        return raw.reshape(self.rows, self.row_bytes)
 
 
 class GgufFile:
@@ -82,10 +100,10 @@ class GgufFile:
     def rows(self, name: str, heads: int | None = None) -> np.ndarray:
         """The raw rows of tensor ``name`` (HF row order; ``heads`` for q/k un-permutation)."""
         t = self.tensors[name]
-        data = t.data
+        data = t.read(self.path)
         if heads is not None and self.arch in PERMUTED_QK and data.ndim == 2:
             n = data.shape[0]
-            data = data.reshape(heads, 2, n // heads // 2, -1).swapaxes(1, 2).reshape(n, -1)
+            data = data.reshape(heads, n // heads // 2, 2, -1).swapaxes(1, 2).reshape(n, -1)
         return data
 
     def types(self) -> dict[str, int]:
@@ -131,10 +149,8 @@ def open_gguf(path: str | Path) -> GgufFile:
         if end > data.shape[0]:
             raise GgufError(f"{path}: truncated file: tensor {name} ends at byte {end}, "
                             f"the file has {data.shape[0]}")
-        view = data[start:end].reshape(rows, row_bytes) if len(shape) > 1 else data[start:end]
-        if qtype in ("F32", "F16", "BF16"):
-            view = view.view({"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[qtype])
-        tensors[name] = GgufTensor(name, qtype, shape, view)
+        tensors[name] = GgufTensor(name, qtype, shape, start, rows, row_bytes)
+    del data                                          # unmap: weights are read tensor by tensor
     gf = GgufFile(path, arch, meta, tensors)
     _check_shapes(gf)
     return gf

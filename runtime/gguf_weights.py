@@ -71,6 +71,8 @@ def decode_dense(raw: np.ndarray, qtype: str, dtype: torch.dtype) -> torch.Tenso
 
     if qtype in ("F32", "F16"):
         return torch.from_numpy(np.array(raw, dtype=np.float32)).to(dtype)
+    if qtype == "BF16":                     # read as uint16: the high half of a float32
+        return torch.from_numpy((raw.astype(np.uint32) << 16).view(np.float32)).to(dtype)
     gtype = GGMLQuantizationType[qtype]
     parts = [torch.from_numpy(quants.dequantize(np.asarray(raw[i:i + CHUNK_ROWS]), gtype)).to(dtype)
              for i in range(0, raw.shape[0], CHUNK_ROWS)]
@@ -96,7 +98,7 @@ class LinearBuilder:
     def vector(self, name: str) -> torch.Tensor | None:
         """A 1-D tensor (norm weight, bias) in the compute dtype, or None if absent."""
         t = self.gf.tensors.get(name)
-        return None if t is None else decode_dense(t.data, t.qtype, self.dtype).reshape(-1)
+        return None if t is None else decode_dense(t.read(self.gf.path), t.qtype, self.dtype).reshape(-1)
 
     def linear(self, names: list[str], heads: list[int | None] | None = None,
                biases: list[str] | None = None) -> nn.Module:

@@ -257,7 +257,7 @@ def _plan_for_gguf(path: Path, **kwargs: Any) -> KVPlan:
     gf = open_gguf(path)
     kwargs.setdefault("num_parameters", sum(math.prod(t.shape) for t in gf.tensors.values()))
     if kwargs.get("weights") is None:
-        kwargs["weights_bytes"] = sum(int(t.data.nbytes) for t in gf.tensors.values())
+        kwargs["weights_bytes"] = sum(t.nbytes for t in gf.tensors.values())
     return plan(gf.config_dict(), model=path.stem, **kwargs)
 
 

@@ -34,7 +34,7 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """
     N, K = q.shape
     if N % 16 or K % GROUP:
-        raise ValueError(f"int4 weights need rows % 16 == 0 and columns % {GROUP} == 0, got {N}x{K}")
+        raise ValueError(f"int4 packing needs rows % 16 == 0 and columns % {GROUP} == 0, got {N}x{K}")
     parts = [torch.ops.aten._convert_weight_to_int4pack_for_cpu(q[i:i + _PACK_ROWS].to(torch.int32), 1)
              for i in range(0, N, _PACK_ROWS)]
     return torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -75,8 +75,9 @@ class QuantLinear(nn.Module):
         if kind not in ("int4", "int8"):
             raise ValueError(f"kind must be 'int4' or 'int8', got {kind!r}")
         self.kind, self.in_features, self.out_features = kind, in_features, out_features
-        self.register_buffer("weight", weight)     # int4: [N, K/2] packed; int8: [N, K]
-        self.register_buffer("scales", scales)     # int4: [K/32, N, 2] (scale, zero); int8: [N]
+        self.register_buffer("weight", weight)     # int4: [Np, K/2] packed; int8: [N, K]
+        self.register_buffer("scales", scales)     # int4: [K/32, Np, 2] (scale, zero); int8: [N]
+        # (int4: Np = N rounded up to 16; the padding rows are zero and sliced off)
         self.register_buffer("bias", bias)         # [N] in bf16, or None
         self.dense_from = DENSE_FROM
 
@@ -85,6 +86,10 @@ class QuantLinear(nn.Module):
                   bias: torch.Tensor | None = None) -> "QuantLinear":
         """q: uint8 ``[N, K]`` in 0..15; scale, zero: ``[N, K/32]`` (w = (q - 8) * scale + zero)."""
         N, K = q.shape
+        pad = -N % 16                      # the kernel packs rows in 16s: pad with zero rows
+        if pad:
+            q = torch.cat([q, q.new_full((pad, K), 8)])
+            scale, zero = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (scale, zero))
         sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).to(torch.bfloat16).contiguous()
         return cls("int4", K, N, pack_int4(q), sz, _bf16(bias))
 
@@ -100,8 +105,9 @@ class QuantLinear(nn.Module):
         N, K = self.out_features, self.in_features
         if self.kind == "int8":
             return self.weight.to(dtype) * self.scales.to(dtype)[:, None]
-        q = unpack_int4(self.weight, N, K).view(N, K // GROUP, GROUP).to(dtype)
-        s = self.scales.to(dtype).permute(1, 0, 2)                                 # [N, K/32, 2]
+        Np = self.weight.shape[0]
+        q = unpack_int4(self.weight, Np, K)[:N].view(N, K // GROUP, GROUP).to(dtype)
+        s = self.scales[:, :N].to(dtype).permute(1, 0, 2)                          # [N, K/32, 2]
         return ((q - 8) * s[..., :1] + s[..., 1:]).reshape(N, K)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,6 +117,7 @@ class QuantLinear(nn.Module):
         else:
             if self.kind == "int4":
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, GROUP, self.scales)
+                y = y[:, :self.out_features]
             else:
                 y = torch.ops.aten._weight_int8pack_mm(xb, self.weight, self.scales)
             if self.bias is not None:
@@ -140,7 +147,7 @@ class QuantEmbedding(nn.Module):
 def int4_rows(t: QuantLinear, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` of an int4 :class:`QuantLinear`'s weight, dequantized to bf16 ``[T, K]``
     (reads the packed layout described in :func:`unpack_int4`)."""
-    N, K = t.out_features, t.in_features
+    N, K = t.weight.shape[0], t.in_features          # N: packed rows (padding included)
     full = (N // 64) * 64
     flat = t.weight.reshape(-1)
     q = torch.empty(ids.shape[0], K, dtype=torch.uint8)
