@@ -41,7 +41,7 @@ def write_model(path: Path) -> None:
 
     def q4(name, rows, cols):
         raw = rng.integers(0, 256, (rows, cols // 32, 18), dtype=np.uint8)
-        raw[..., :2] = np.float16(0.01).view(np.uint8)      # block scale
+        raw[..., :2] = np.array([0.01], np.float16).view(np.uint8)      # block scale
         w.add_tensor(name, raw.reshape(rows, -1), raw_dtype=T.Q4_0)
 
     q4("token_embd.weight", d["vocab"], H)

@@ -73,21 +73,12 @@ def write_gguf(path, fields, qtype="Q4_1", arch="llama", embed_type=None, tied=T
     w.add_head_count_kv(NKV)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
+    setters = {"model": w.add_tokenizer_model, "pre": w.add_tokenizer_pre,
+               "tokens": w.add_token_list, "token_type": w.add_token_types,
+               "merges": w.add_token_merges, "bos_token_id": w.add_bos_token_id,
+               "eos_token_id": w.add_eos_token_id}
     for k, val in fields.items():
-        if k == "tokenizer.ggml.model":
-            w.add_tokenizer_model(val)
-        elif k == "tokenizer.ggml.pre":
-            w.add_tokenizer_pre(val)
-        elif k == "tokenizer.ggml.tokens":
-            w.add_token_list(val)
-        elif k == "tokenizer.ggml.token_type":
-            w.add_token_types(val)
-        elif k == "tokenizer.ggml.merges":
-            w.add_token_merges(val)
-        elif k == "tokenizer.ggml.bos_token_id":
-            w.add_bos_token_id(val)
-        elif k == "tokenizer.ggml.eos_token_id":
-            w.add_eos_token_id(val)
+        setters[k.removeprefix("tokenizer.ggml.")](val)
 
     def mat(name, rows, cols, t):
         x = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32)
