@@ -8,6 +8,7 @@ serves the embedding lookup (:class:`~runtime.quant_linear.QuantEmbedding`).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from pathlib import Path
 
@@ -49,10 +50,12 @@ def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype 
         mlp.down_proj = b.linear([p + "ffn_down.weight"])
         layer.input_layernorm.weight = _param(b.vector(p + "attn_norm.weight"))
         layer.post_attention_layernorm.weight = _param(b.vector(p + "ffn_norm.weight"))
+        release_freed_memory()
     model.norm.weight = _param(b.vector("output_norm.weight"))
     embed = b.linear(["token_embd.weight"])
     model.lm_head = embed if cfg.tie_word_embeddings else b.linear(["output.weight"])
     model.embed_tokens = _embedding(embed, dtype)
+    release_freed_memory()
     factors = b.vector("rope_freqs.weight")     # llama3-style scaling, as per-frequency divisors
     scaling = cfg.rope_scaling if factors is None else {"rope_type": "factors",
                                                           "factors": factors.float()}
@@ -61,6 +64,16 @@ def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype 
              ", ".join(f"{k} -> {v}" for k, v in sorted(b.report.items())))
     model.weights_report = dict(b.report)
     return model.to(device).eval()
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages freed by the per-tensor decoding back to the OS (glibc
+    ``malloc_trim``), so decode transients do not accumulate as fragmented resident memory
+    across layers. A no-op where there is no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _param(t: torch.Tensor | None) -> nn.Parameter:
