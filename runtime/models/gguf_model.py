@@ -22,8 +22,6 @@ from runtime.models.llama import LlamaModel
 from runtime.models.rope import RotaryEmbedding
 from runtime.quant_linear import QuantEmbedding, QuantLinear
 
-log = logging.getLogger(__name__)
-
 
 def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> LlamaModel:
@@ -60,7 +58,7 @@ def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype 
     scaling = cfg.rope_scaling if factors is None else {"rope_type": "factors",
                                                           "factors": factors.float()}
     model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, scaling)
-    log.info("loaded %s: %s", Path(path).name,
+    logging.getLogger(__name__).info("loaded %s: %s", Path(path).name,
              ", ".join(f"{k} -> {v}" for k, v in sorted(b.report.items())))
     model.weights_report = dict(b.report)
     return model.to(device).eval()
