@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.agentlang-installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test bench install clean-venv chromium
+.PHONY: run test bench bench-install install clean-venv chromium
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# llama.cpp as the peer of bench/cpu_local.py (compiled from the sdist: minutes)
+bench-install: $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q --no-deps -c constraints.txt llama-cpp-python
 
 clean-venv:
 	rm -rf $(VENV)

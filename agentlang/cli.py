@@ -121,19 +121,25 @@ def run_kv_plan(args: argparse.Namespace) -> int:
     from runtime.kv_plan import plan_for_model
 
     p = plan_for_model(args.model, context=args.context, memory_gb=args.memory_gb,
-                       kv_dtype=args.kv_dtype, page_size=args.page_size, model_dtype=args.dtype)
+                       kv_dtype=args.kv_dtype, page_size=args.page_size, model_dtype=args.dtype,
+                       weights=args.weights)
     print(p.format())
     return 0
 
 
 def add_kv_plan_command(sub: SubParsers) -> None:
-    from runtime.kv_plan import PLAN_KV_DTYPES
+    from runtime.kv_plan import PLAN_KV_DTYPES, WEIGHT_FORMATS
 
     p = sub.add_parser("kv-plan", help="KV cache capacity: bytes per token/request, max requests",
                        description="Compute KV bytes per token and per request, the weights' "
                                    "size and the maximum concurrent requests at a context length "
                                    "from a model's config (nothing is loaded onto a device).")
-    p.add_argument("--model", default="default", help="'default' or a local HF model directory")
+    p.add_argument("--model", default="default",
+                   help="'default', a .gguf file, or a local directory with a config.json "
+                        "(weights optional: without them the size is computed from the config)")
+    p.add_argument("--weights", default=None, choices=tuple(WEIGHT_FORMATS),
+                   help="weight storage format for the estimate (default: the GGUF file's own "
+                        "sizes, else the model dtype)")
     p.add_argument("--context", type=int, default=32768, help="tokens per request (default 32768)")
     p.add_argument("--memory-gb", type=float, default=80.0,
                    help="device memory in GiB for weights + KV cache (default 80)")

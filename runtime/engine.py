@@ -30,7 +30,7 @@ from runtime.errors import UNFIT_IN_KV_POOL, EngineError, ErrorCode
 from runtime.kv_pool import KVLayout, KVPool
 from runtime.model_loader import resolve_model
 from runtime.model_runner import ModelRunner
-from runtime.models.llama import LlamaModel
+from runtime.models.loading import load_model
 from runtime.outputs import RequestOutput, StreamDelta
 from runtime.output_processor import OutputProcessor
 from runtime.page_allocator import PageAllocator
@@ -56,15 +56,12 @@ class Engine:
     def __init__(self, model: str = "default", **kwargs: Any):
         self.config = cfg = EngineConfig(model=str(model), **kwargs)
         cfg.validate()
-        from transformers import AutoTokenizer
-
-        resolved = resolve_model(cfg.model)
+        resolved = resolve_model(cfg.model, cfg.weights)
         self.model_name = resolved.name
         self.model_path = resolved.path
         self.device = torch.device(cfg.device)
-        self.model = LlamaModel.from_pretrained(resolved.path, cfg.torch_dtype, self.device)
+        self.model, self.tokenizer = load_model(resolved, cfg.weights, cfg.torch_dtype, self.device)
         self.model_config = mc = self.model.config
-        self.tokenizer = AutoTokenizer.from_pretrained(resolved.path)
         self.kv_layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.torch_dtype,
                                   cfg.kv_dtype)
         budget = cfg.kv_budget_mb if cfg.kv_budget_mb is not None else 512.0

@@ -15,6 +15,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class EngineConfig:
     model: str = "default"
     dtype: str = "float32"
+    weights: str = "auto"                 # "auto": GGUF stays quantized | "dense": decoded to dtype
     device: str = "cpu"
     page_size: int = 16
     kv_budget_mb: float | None = None     # default: 512 MB on CPU, 40% of free memory on GPU
@@ -34,6 +35,8 @@ class EngineConfig:
     def validate(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.weights not in ("auto", "dense"):
+            raise ValueError(f"weights must be 'auto' or 'dense', got {self.weights!r}")
         if self.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(f"page_size must be a power of two in [1, 128], got {self.page_size!r}")
         for name in ("max_batch_tokens", "max_running", "max_wait_steps"):

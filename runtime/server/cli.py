@@ -22,12 +22,13 @@ import uvicorn
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ENGINE_FLAGS = ("page_size", "kv_budget_mb", "max_batch_tokens", "max_running",
                 "grammar_backend", "dtype", "kv_dtype", "schedule_low_priority_values_first",
-                "max_wait_steps")
+                "max_wait_steps", "weights")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default="default",
-                   help="'default' (the embedded model) or a local Hugging Face model directory")
+                   help="'default' (the embedded model), a local Hugging Face model directory, "
+                        "or a Llama/Mistral/Qwen2 .gguf file")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="TCP port (default 30000)")
     p.add_argument("--page-size", type=int, default=None, help="KV page size in tokens")
@@ -48,6 +49,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "first, as SGLang)")
     p.add_argument("--max-wait-steps", type=int, default=None,
                    help="aging: each this many steps waited raise a request's priority by one")
+    p.add_argument("--weights", choices=("auto", "dense"), default=None,
+                   help="auto (default): a GGUF's Q4_0/Q4_1/Q8_0 tensors stay quantized (CPU "
+                        "int4/int8 matmuls); dense: decoded to --dtype")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--served-model-name", default=None,

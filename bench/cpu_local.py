@@ -1,0 +1,193 @@
+"""The local CPU runtime on quantized GGUF weights, against llama.cpp on the same file.
+
+On the embedded SmolLM2-135M-Instruct Q4_1 GGUF (tensors kept quantized, ``weights="auto"``):
+
+* **Speed, peer in the same run** (llama.cpp through ``llama-cpp-python``, same file, same
+  thread count): batch-1 decode tok/s and prefill-512 tok/s, the two runtimes interleaved
+  round by round so machine load hits both alike; medians over rounds and their ratio.
+* **Quality vs the dequantized fp32 model** (the same GGUF decoded to fp32): 50 prompts, the
+  fp32 model's greedy continuation of 128 tokens, then every model is teacher-forced on
+  prompt + continuation in one pass; at each of the 128 positions top-1 agreement with the fp32
+  greedy token and KL(fp32 || model). Models: Q4_1 as shipped (int4), Q8_0 (the fp32 weights
+  re-quantized to a Q8_0 GGUF written here; int8 per row at run time), bf16 dense beside.
+* **Greedy invariance on the quantized path**: the same prompts alone, batched, and with
+  chunked prefill (8-token chunks) — the share of identical greedy tokens.
+
+    .venv/bin/python bench/cpu_local.py            # writes bench/results/cpu_local.json
+    .venv/bin/python bench/cpu_local.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from runtime import Engine, SamplingParams
+from runtime.attention.torch_backend import TorchAttentionBackend
+from runtime.forward_batch import build_forward_batch
+from runtime.kv_pool import KVLayout, KVPool
+from runtime.model_loader import resolve_model
+from runtime.models.gguf_model import load_gguf_model
+from runtime.page_allocator import PageAllocator
+
+ROOT = Path(__file__).resolve().parent
+THREADS = 2
+
+
+def speed(gguf: Path, rounds: int, decode_tokens: int, prefill_tokens: int, dtype: str) -> dict:
+    """Batch-1 decode and prefill tok/s of agentlang and llama.cpp, interleaved by round."""
+    from llama_cpp import Llama
+
+    eng = Engine(str(gguf), dtype=dtype, kv_budget_mb=64, enable_prefix_cache=False,
+                 max_batch_tokens=max(2048, prefill_tokens))
+    llm = Llama(str(gguf), n_ctx=2048, n_threads=THREADS, n_threads_batch=THREADS,
+                n_batch=prefill_tokens, verbose=False)
+    prompt = list(range(1000, 1000 + prefill_tokens))
+    short = eng.tokenizer.encode("Once upon a time")
+    res: dict[str, list[float]] = {k: [] for k in ("al_decode", "al_prefill", "cpp_decode", "cpp_prefill")}
+    eng.generate(short, SamplingParams(max_tokens=4, temperature=0))           # warm-up
+    for _ in range(rounds):
+        t = time.perf_counter()
+        eng.generate(prompt, SamplingParams(max_tokens=1, temperature=0))
+        res["al_prefill"].append(prefill_tokens / (time.perf_counter() - t))
+        out = eng.generate(short, SamplingParams(max_tokens=decode_tokens, temperature=0,
+                                                 ignore_eos=True))
+        res["al_decode"].append((decode_tokens - 1) / (out.meta["latency_s"] - out.meta["ttft_s"]))
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(prompt)
+        res["cpp_prefill"].append(prefill_tokens / (time.perf_counter() - t))
+        llm.reset()
+        llm.eval(short)
+        tok = short[-1]
+        t = time.perf_counter()
+        for _ in range(decode_tokens - 1):
+            llm.eval([tok])
+        res["cpp_decode"].append((decode_tokens - 1) / (time.perf_counter() - t))
+    med = {k: statistics.median(v) for k, v in res.items()}
+    med["decode_ratio"] = med["al_decode"] / med["cpp_decode"]
+    med["prefill_ratio"] = med["al_prefill"] / med["cpp_prefill"]
+    med["rounds"] = {k: [round(x, 1) for x in v] for k, v in res.items()}
+    return med
+
+
+def write_q8_0(src: Path, dst: Path) -> None:
+    """``src`` with every quantized matrix decoded to fp32 and re-quantized to Q8_0."""
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), vtype, sub_type=sub)
+    for t in r.tensors:
+        if t.tensor_type in (T.F32, T.F16):
+            w.add_tensor(t.name, t.data.astype("float32"))
+        else:
+            x = gguf.quants.dequantize(t.data, t.tensor_type)
+            w.add_tensor(t.name, gguf.quants.quantize(x, T.Q8_0), raw_dtype=T.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def all_logits(model, seq: list[int], n_last: int) -> torch.Tensor:
+    """Log-probs ``[n_last, V]`` predicting the last ``n_last`` tokens of ``seq`` (one pass)."""
+    cfg = model.config
+    pages = -(-len(seq) // 16)
+    pool = KVPool(KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.norm.weight.dtype),
+                  16, num_pages=pages + 1)
+    table = PageAllocator(pages + 1).allocate(pages)
+    rows = list(range(len(seq) - n_last - 1, len(seq) - 1))
+    batch = build_forward_batch([seq], [0], [table], 16, logits_rows=[rows])
+    return torch.log_softmax(model(batch, pool, TorchAttentionBackend()).double(), dim=-1)
+
+
+def quality(gguf: Path, prompts: list[str], positions: int, workdir: Path) -> dict:
+    ref = load_gguf_model(gguf, "dense", torch.float32)
+    eng = Engine(str(gguf), weights="dense", kv_budget_mb=256)
+    ids = [eng.tokenizer.encode(p) for p in prompts]
+    outs = eng.generate(ids, SamplingParams(max_tokens=positions, temperature=0, ignore_eos=True))
+    seqs = [i + o.token_ids for i, o in zip(ids, outs)]
+    q8 = workdir / "q8_0.gguf"
+    write_q8_0(gguf, q8)
+    models = {"Q4_1 (int4)": lambda: load_gguf_model(gguf, "auto", torch.float32),
+              "Q8_0 (int8 per row)": lambda: load_gguf_model(q8, "auto", torch.float32),
+              "bf16 dense": lambda: load_gguf_model(gguf, "dense", torch.bfloat16)}
+    refs = [all_logits(ref, s, positions) for s in seqs]
+    res = {}
+    for name, make in models.items():
+        m = make()
+        agree = kl = n = 0
+        for s, r in zip(seqs, refs):
+            lp = all_logits(m, s, positions)
+            target = torch.tensor(s[-positions:])
+            agree += int((lp.argmax(-1) == target).sum())
+            kl += float((r.exp() * (r - lp)).sum(-1).sum())
+            n += positions
+        res[name] = {"top1_agreement": agree / n, "mean_kl": kl / n}
+        print(f"  {name:22s} top-1 {agree / n:.4f}  KL {kl / n:.5f}", flush=True)
+    return res
+
+
+def invariance(gguf: Path, prompts: list[str], n_tokens: int) -> dict:
+    p = SamplingParams(max_tokens=n_tokens, temperature=0, ignore_eos=True)
+    eng = Engine(str(gguf), kv_budget_mb=128)
+    alone = [eng.generate(x, p).token_ids for x in prompts]
+    eng.flush_cache()
+    batched = [o.token_ids for o in eng.generate(prompts, p)]
+    chunked_eng = Engine(str(gguf), kv_budget_mb=128, max_batch_tokens=8)
+    chunked = [o.token_ids for o in chunked_eng.generate(prompts, p)]
+
+    def share(a, b):
+        same = sum(x == y for u, v in zip(a, b) for x, y in zip(u, v))
+        return same / sum(len(u) for u in a)
+
+    return {"batched_vs_alone": share(alone, batched), "chunked_vs_alone": share(alone, chunked),
+            "identical_sequences_batched": sum(a == b for a, b in zip(alone, batched)),
+            "identical_sequences_chunked": sum(a == b for a, b in zip(alone, chunked)),
+            "prompts": len(prompts), "tokens_each": n_tokens}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["speed", "quality", "invariance"])
+    ap.add_argument("--out", default=str(ROOT / "results" / "cpu_local.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(THREADS)
+    gguf = resolve_model("default", "auto").path
+    prompts = json.loads((ROOT / "data" / "kv_quant_prompts.json").read_text())
+    n_prompts, positions = (8, 32) if args.quick else (50, 128)
+    res = {"machine": f"{platform.processor() or platform.machine()}, {THREADS} threads, "
+                      f"load average {os.getloadavg()[0]:.1f} at start (shared machine)",
+           "model": gguf.name}
+    if "speed" not in args.skip:
+        res["speed_bf16"] = speed(gguf, 3 if args.quick else 5, 64, 512, "bfloat16")
+        print("speed (bf16 activations):", {k: v for k, v in res["speed_bf16"].items() if k != "rounds"})
+    if "quality" not in args.skip:
+        with tempfile.TemporaryDirectory() as d:
+            res["quality"] = quality(gguf, prompts[:n_prompts], positions, Path(d))
+    if "invariance" not in args.skip:
+        res["invariance"] = invariance(gguf, prompts[:8], 32 if args.quick else 64)
+        print("invariance:", res["invariance"])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

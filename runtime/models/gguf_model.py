@@ -1,0 +1,87 @@
+"""A :class:`~runtime.models.llama.LlamaModel` built straight from a GGUF file.
+
+The file is validated in full first (:func:`runtime.gguf_file.open_gguf`); then each linear is
+built by :class:`~runtime.gguf_weights.LinearBuilder` (q/k/v and gate/up fused by row
+concatenation, still quantized). With tied embeddings the LM head's quantized table also
+serves the embedding lookup (:class:`~runtime.quant_linear.QuantEmbedding`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from runtime.gguf_file import open_gguf
+from runtime.gguf_weights import LinearBuilder
+from runtime.models.config import LlamaConfig
+from runtime.models.llama import LlamaModel
+from runtime.models.rope import RotaryEmbedding
+from runtime.quant_linear import QuantEmbedding, QuantLinear
+
+
+def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu") -> LlamaModel:
+    """Load a Llama/Mistral/Qwen2 GGUF. ``weights="auto"`` keeps Q4_0/Q4_1/Q8_0 tensors
+    quantized (CPU only; matmuls in bf16, activations elsewhere in ``dtype``), ``"dense"``
+    decodes every tensor to ``dtype``. Raises :class:`~runtime.gguf_file.GgufError`."""
+    gf = open_gguf(path)
+    device = torch.device(device)
+    if weights == "auto" and device.type != "cpu":
+        weights = "dense"             # the int4/int8 kernels used here are the CPU ones
+    cfg = LlamaConfig.from_dict(gf.config_dict())
+    b = LinearBuilder(gf, weights, dtype)
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    nh, nkv = cfg.num_heads, cfg.num_kv_heads
+    for i, layer in enumerate(model.layers):
+        p = f"blk.{i}."
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj = b.linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                                 heads=[nh, nkv, None],
+                                 biases=[p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"])
+        attn.o_proj = b.linear([p + "attn_output.weight"])
+        mlp.gate_up_proj = b.linear([p + "ffn_gate.weight", p + "ffn_up.weight"])
+        mlp.down_proj = b.linear([p + "ffn_down.weight"])
+        layer.input_layernorm.weight = _param(b.vector(p + "attn_norm.weight"))
+        layer.post_attention_layernorm.weight = _param(b.vector(p + "ffn_norm.weight"))
+        release_freed_memory()
+    model.norm.weight = _param(b.vector("output_norm.weight"))
+    embed = b.linear(["token_embd.weight"])
+    model.lm_head = embed if cfg.tie_word_embeddings else b.linear(["output.weight"])
+    model.embed_tokens = _embedding(embed, dtype)
+    release_freed_memory()
+    factors = b.vector("rope_freqs.weight")     # llama3-style scaling, as per-frequency divisors
+    scaling = cfg.rope_scaling if factors is None else {"rope_type": "factors",
+                                                          "factors": factors.float()}
+    model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, scaling)
+    logging.getLogger(__name__).info("loaded %s: %s", Path(path).name,
+             ", ".join(f"{k} -> {v}" for k, v in sorted(b.report.items())))
+    model.weights_report = dict(b.report)
+    return model.to(device).eval()
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages freed by the per-tensor decoding back to the OS (glibc
+    ``malloc_trim``), so decode transients do not accumulate as fragmented resident memory
+    across layers. A no-op where there is no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _param(t: torch.Tensor | None) -> nn.Parameter:
+    assert t is not None      # presence checked by open_gguf
+    return nn.Parameter(t, requires_grad=False)
+
+
+def _embedding(table: nn.Module, dtype: torch.dtype) -> nn.Module:
+    if isinstance(table, QuantLinear):
+        return QuantEmbedding(table, dtype)
+    emb = nn.Embedding(table.out_features, table.in_features, device="meta")
+    emb.weight = table.weight
+    return emb

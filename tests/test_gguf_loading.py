@@ -1,0 +1,215 @@
+"""GGUF files loaded by path: kept quantized (Q4_0/Q4_1/Q8_0) or decoded, against HF transformers'
+own GGUF loader (which dequantizes with the ``gguf`` package) as the oracle; bad files rejected.
+
+The test files are tiny random Llama / Qwen2 models written with the ``gguf`` package into tmp
+dirs, with a tiny byte-level BPE tokenizer in their metadata (so the engine can load them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.attention.torch_backend import TorchAttentionBackend
+from runtime.forward_batch import build_forward_batch
+from runtime.gguf_file import GgufError
+from runtime.kv_pool import KVLayout, KVPool
+from runtime.model_loader import resolve_model
+from runtime.models.gguf_model import load_gguf_model
+from runtime.page_allocator import PageAllocator
+from runtime.quant_linear import QuantEmbedding, QuantLinear
+
+L = 2
+SMALL = (64, 128, 4, 2, 16)          # hidden, ffn, heads, kv heads, head dim
+K_DIMS = (256, 512, 4, 2, 64)        # K-quant blocks hold 256 weights: rows of 256 multiples
+H = SMALL[0]
+D_OFFSETS = {"Q6_K": (208,), "Q4_K": (0, 2)}    # where a K-quant block keeps its fp16 scales
+
+
+def byte_level_symbols() -> list[str]:
+    """GPT-2's printable stand-in for each byte (its byte-level BPE alphabet)."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_fields():
+    """A tiny byte-level BPE vocabulary (bytes + a few merges + two specials), written the way
+    llama.cpp writes a gpt2-style tokenizer."""
+    sym = byte_level_symbols()
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "e r"]
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + sym + \
+        ["Ġt", "he", "Ġthe", "in", "er"]
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 3),
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": 0,
+            "tokenizer.ggml.eos_token_id": 2}
+
+
+def write_gguf(path, fields, qtype="Q4_1", arch="llama", embed_type=None, tied=True, seed=0,
+               shapes=None, dims=SMALL):
+    """A random ``arch`` model with every matrix in ``qtype`` (K-quants: random raw blocks)."""
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    H, I, NH, NKV, HD = dims
+    rng = np.random.default_rng(seed)
+    vocab = len(fields["tokenizer.ggml.tokens"])
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(L)
+    w.add_context_length(256)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(I)
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    setters = {"model": w.add_tokenizer_model, "pre": w.add_tokenizer_pre,
+               "tokens": w.add_token_list, "token_type": w.add_token_types,
+               "merges": w.add_token_merges, "bos_token_id": w.add_bos_token_id,
+               "eos_token_id": w.add_eos_token_id}
+    for k, val in fields.items():
+        setters[k.removeprefix("tokenizer.ggml.")](val)
+
+    def mat(name, rows, cols, t):
+        x = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32)
+        gt = T[t]
+        if t not in ("F32", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+            # K-/IQ-quants: the gguf package cannot quantize them; random blocks, small scales
+            blk, nbytes = gguf.GGML_QUANT_SIZES[gt]
+            raw = rng.integers(0, 256, (rows, cols // blk, nbytes), dtype=np.uint8)
+            d = rng.uniform(1e-5, 1e-4, (rows, cols // blk, 1)).astype(np.float16).view(np.uint8)
+            for at in D_OFFSETS.get(t, (0,)):
+                raw[..., at:at + 2] = d
+            w.add_tensor(name, raw.reshape(rows, -1), raw_dtype=gt)
+        elif t == "F32":
+            w.add_tensor(name, x)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(x, gt), raw_dtype=gt)
+
+    sh = dict(shapes or {})
+    mat("token_embd.weight", vocab, H, embed_type or qtype)
+    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+    if not tied:
+        mat("output.weight", vocab, H, qtype)
+    for i in range(L):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+        w.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+        mat(p + "attn_q.weight", *sh.get("attn_q", (NH * HD, H)), qtype)
+        mat(p + "attn_k.weight", NKV * HD, H, qtype)
+        mat(p + "attn_v.weight", NKV * HD, H, qtype)
+        mat(p + "attn_output.weight", H, NH * HD, qtype)
+        mat(p + "ffn_gate.weight", I, H, qtype)
+        mat(p + "ffn_up.weight", I, H, qtype)
+        mat(p + "ffn_down.weight", H, I, qtype)
+        if arch == "qwen2":
+            for n, rows in (("q", NH * HD), ("k", NKV * HD), ("v", NKV * HD)):
+                w.add_tensor(f"{p}attn_{n}.bias", (0.05 * rng.standard_normal(rows)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def prefill_logits(model, seqs, page_size=16):
+    cfg = model.config
+    n_pages = sum(-(-len(s) // page_size) for s in seqs) + 2
+    dtype = model.norm.weight.dtype
+    pool = KVPool(KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype), page_size,
+                  num_pages=n_pages)
+    alloc = PageAllocator(n_pages)
+    tables = [alloc.allocate(-(-len(s) // page_size)) for s in seqs]
+    batch = build_forward_batch(seqs, [0] * len(seqs), tables, page_size)
+    return model(batch, pool, TorchAttentionBackend())
+
+
+def hf_logits(path, seq):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    with torch.no_grad():
+        return hf.eval()(torch.tensor([seq])).logits[0, -1]
+
+
+SEQS = [[1, 50, 258, 82, 49, 14], list(range(100, 140)), [7, 8, 9]]
+
+
+@pytest.mark.parametrize("qtype,arch,tied", [("Q4_1", "llama", True), ("Q4_0", "qwen2", False),
+                                             ("Q8_0", "llama", False), ("Q5_0", "llama", True),
+                                             ("Q5_1", "qwen2", True)])
+def test_matches_hf_gguf_loader(tmp_path, tokenizer_fields, qtype, arch, tied):
+    path = write_gguf(tmp_path / f"m.{qtype}.gguf", tokenizer_fields, qtype, arch, tied=tied)
+    dense = load_gguf_model(path, "dense", torch.float32)
+    quant = load_gguf_model(path, "auto", torch.float32)
+    kept = qtype in ("Q4_0", "Q4_1", "Q8_0")
+    assert isinstance(quant.lm_head, QuantLinear) == kept
+    assert isinstance(quant.layers[0].mlp.down_proj, QuantLinear) == kept
+    assert isinstance(quant.embed_tokens, QuantEmbedding) == kept
+    assert qtype in quant.weights_report
+    d_out, q_out = prefill_logits(dense, SEQS), prefill_logits(quant, SEQS)
+    for i, s in enumerate(SEQS):
+        ref = hf_logits(path, s)
+        assert (d_out[i] - ref).abs().max().item() < 1e-3          # decoding + q/k order exact
+        rel = ((q_out[i] - ref).norm() / ref.norm()).item()
+        assert rel < (0.03 if qtype == "Q8_0" else 0.02), rel      # bf16 matmuls (+Q8_0 re-scale)
+
+
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q4_K"])
+def test_k_quant_blocks_are_decoded_dense(tmp_path, tokenizer_fields, qtype):
+    path = write_gguf(tmp_path / "k.gguf", tokenizer_fields, qtype, embed_type="Q8_0", dims=K_DIMS)
+    model = load_gguf_model(path, "auto", torch.float32)
+    assert model.weights_report[qtype] == "dense float32"
+    assert model.weights_report["Q8_0"] == "int8 per row"
+    out = prefill_logits(model, SEQS[:1])[0]
+    ref = hf_logits(path, SEQS[0])
+    assert ((out - ref).norm() / ref.norm()).item() < 0.02
+
+
+def test_engine_loads_a_gguf_by_path(tmp_path, tokenizer_fields):
+    from runtime import Engine, SamplingParams
+
+    path = write_gguf(tmp_path / "tiny.gguf", tokenizer_fields, "Q4_1")
+    eng = Engine(str(path), kv_budget_mb=8, page_size=4)
+    assert eng.model_name == "tiny" and eng.model_config.num_layers == L
+    outs = eng.generate(["Hello there", "The capital of France is"],
+                        SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [6, 6]
+    eng.flush_cache()
+    assert eng.allocator.num_free == eng.pool.num_pages
+    from runtime.kv_plan import describe_engine
+
+    stored = describe_engine(eng)["weights_bytes"]        # quantized buffers are counted
+    assert 0.5 * path.stat().st_size < stored < 2 * path.stat().st_size
+
+
+def test_bad_files_are_rejected_with_the_reason(tmp_path, tokenizer_fields):
+    good = write_gguf(tmp_path / "good.gguf", tokenizer_fields, "Q4_0")
+    data = good.read_bytes()
+    (tmp_path / "trunc.gguf").write_bytes(data[: len(data) - 5000])
+    with pytest.raises(GgufError, match="truncated"):
+        load_gguf_model(tmp_path / "trunc.gguf")
+    (tmp_path / "header.gguf").write_bytes(data[:100])
+    with pytest.raises(GgufError, match="truncated or corrupt|truncated"):
+        load_gguf_model(tmp_path / "header.gguf")
+    with pytest.raises(GgufError, match="unsupported GGUF architecture 'gpt2'.*llama, mistral, qwen2"):
+        load_gguf_model(write_gguf(tmp_path / "gpt2.gguf", tokenizer_fields, "Q4_0", arch="gpt2"))
+    with pytest.raises(GgufError, match=r"attn_q.weight has shape \[80, 64\].*implies \[64, 64\]"):
+        load_gguf_model(write_gguf(tmp_path / "shape.gguf", tokenizer_fields, "Q8_0",
+                                   shapes={"attn_q": (80, H)}))
+    with pytest.raises(GgufError, match="unsupported type IQ4_NL.*Q4_0, Q4_1, Q8_0"):
+        load_gguf_model(write_gguf(tmp_path / "iq.gguf", tokenizer_fields, "IQ4_NL"))
+    with pytest.raises(GgufError, match="does not exist"):
+        load_gguf_model(tmp_path / "none.gguf")
+    with pytest.raises(ValueError, match="weights must be"):
+        load_gguf_model(good, "int3")
