@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from agentlang.ir import AgentLoop, RoleBegin, RoleEnd, ToolCall
+from agentlang.ir import AgentLoop, ToolCall
 from agentlang.sampling import make_options
+from agentlang.stream import Stream
 
 if TYPE_CHECKING:
-    from agentlang.executor import StreamExecutor
     from agentlang.tools import Tool
 
 FINAL = "final_answer"
@@ -73,14 +73,14 @@ def parse_call(text: str, tools: tuple[Tool, ...]) -> tuple[str, dict]:
     return name, arguments
 
 
-def _generate_call(exe: StreamExecutor, schema: dict, max_tokens: int,
+def _generate_call(exe: Stream, schema: dict, max_tokens: int,
                    temperature: float | None) -> tuple[str, Any]:
     opts = exe.resolve(make_options(max_tokens=max_tokens, temperature=temperature,
                                     json_schema=schema))
     return exe.generate_text(opts)
 
 
-def execute_tool_call(exe: StreamExecutor, node: ToolCall) -> None:
+def execute_tool_call(exe: Stream, node: ToolCall) -> None:
     text, result = _generate_call(exe, call_schema(node.tools), node.max_tokens,
                                   node.temperature)
     name, arguments = parse_call(text, node.tools)
@@ -90,16 +90,16 @@ def execute_tool_call(exe: StreamExecutor, node: ToolCall) -> None:
                                      "call_text": text, "result": value})
 
 
-def execute_agent_loop(exe: StreamExecutor, node: AgentLoop) -> None:
+def execute_agent_loop(exe: Stream, node: AgentLoop) -> None:
     steps: list[dict] = []
     answer: Any = None
     for step in range(node.max_steps):
         last = step == node.max_steps - 1
         schema = final_schema(node.answer_schema) if last else call_schema(
             node.tools, node.answer_schema, allow_final=True)
-        exe.visit_rolebegin(RoleBegin("assistant"))
+        exe.begin_role("assistant")
         text, _ = _generate_call(exe, schema, node.max_tokens, node.temperature)
-        exe.visit_roleend(RoleEnd("assistant"))
+        exe.end_role("assistant")
         name, arguments = parse_call(text, node.tools)
         if name == FINAL:
             answer = arguments["answer"]
@@ -110,7 +110,7 @@ def execute_agent_loop(exe: StreamExecutor, node: AgentLoop) -> None:
         except Exception as e:  # noqa: BLE001 - the model sees the error and may retry
             value, error = None, f"{type(e).__name__}: {e}"
         steps.append({"tool": name, "arguments": arguments, "result": value, "error": error})
-        exe.visit_rolebegin(RoleBegin(node.result_role))
+        exe.begin_role(node.result_role)
         exe.fill(node.result_prefix + (f"error: {error}" if error else render_result(value)))
-        exe.visit_roleend(RoleEnd(node.result_role))
+        exe.end_role(node.result_role)
     exe.store_var(node.name, answer, {"steps": steps})

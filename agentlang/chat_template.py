@@ -39,6 +39,24 @@ class ChatTemplate:
             raise ValueError(f"chat template {self.name!r} has no markers for role {role!r}")
         return self.generic_prefix.replace("{role}", role), self.generic_suffix
 
+    def open_role(self, role: str, first: bool) -> tuple[str, list[dict]]:
+        """The text that opens ``role`` and the messages it adds before the role's own. The
+        one rendering of a role's start, shared by the interpreter and the tracer.
+        ``first``: nothing was said yet (no message, no open role), so the preamble and —
+        unless ``role`` is ``system`` — the default system prompt come first."""
+        text, messages = "", []
+        if first:
+            text = self.preamble
+            if role != "system" and self.default_system_prompt is not None:
+                pre, suf = self.prefix_and_suffix("system")
+                text += pre + self.default_system_prompt + suf
+                messages.append({"role": "system", "content": self.default_system_prompt})
+        return text + self.prefix_and_suffix(role)[0], messages
+
+    def close_role(self, role: str) -> str:
+        """The text that closes ``role`` (its content is what was appended since it opened)."""
+        return self.prefix_and_suffix(role)[1]
+
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         """Render a message list the way the interpreter would build it."""
         out = self.preamble if messages else ""

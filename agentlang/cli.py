@@ -9,6 +9,13 @@ import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
+
+
+class SubParsers(Protocol):
+    """What ``ArgumentParser.add_subparsers()`` returns, as far as commands use it."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
 
 
 def load_program(spec: str):
@@ -63,7 +70,7 @@ def run_graph(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_graph_command(sub: argparse._SubParsersAction) -> None:
+def add_graph_command(sub: SubParsers) -> None:
     p = sub.add_parser("graph", help="draw a program's dependency graph",
                        description="Trace a program (no model is called) and draw its "
                                    "dependency graph as PNG/SVG/PDF, or write DOT/Mermaid.")
@@ -96,7 +103,7 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_generate_command(sub: argparse._SubParsersAction) -> None:
+def add_generate_command(sub: SubParsers) -> None:
     p = sub.add_parser("generate", help="complete a prompt with the local engine",
                        description="Complete PROMPT (greedy by default) with the embedded model "
                                    "or a local HF directory.")
@@ -119,7 +126,7 @@ def run_kv_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_kv_plan_command(sub: argparse._SubParsersAction) -> None:
+def add_kv_plan_command(sub: SubParsers) -> None:
     from runtime.kv_plan import PLAN_KV_DTYPES
 
     p = sub.add_parser("kv-plan", help="KV cache capacity: bytes per token/request, max requests",
@@ -138,13 +145,13 @@ def add_kv_plan_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_kv_plan)
 
 
-def add_serve_command(sub: argparse._SubParsersAction) -> None:
+def add_serve_command(sub: SubParsers) -> None:
     from runtime.server.cli import add_serve_command as add_server_command
 
     add_server_command(sub)    # flags of runtime.server.cli; handler = serve_main
 
 
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+COMMANDS: tuple[Callable[[SubParsers], None], ...] = (
     add_generate_command, add_graph_command, add_kv_plan_command, add_serve_command)
 
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentlang.graph import Graph
+from agentlang.graph import KIND_COLORS, Graph
 
 FORMATS = (".png", ".svg", ".pdf")
-COLORS = {"gen": "#cfe8ff", "select": "#ffe3b3", "argument": "#e8e8e8", "tool_call": "#d9f2d0",
-          "agent_loop": "#d9f2d0", "fork": "#f4c7c3", "join": "#f4c7c3", "role_begin": "#f5f5f5",
-          "role_end": "#f5f5f5"}
+COLORS = {**KIND_COLORS, "role_begin": "#f5f5f5", "role_end": "#f5f5f5"}  # roles shaded here
 EDGE_STYLE = {"seq": ("#555555", "-", 1.0), "data": ("#1f5fbf", "--", 1.0),
               "fork": ("#c0392b", "-", 2.0), "join": ("#c0392b", "-", 2.0)}
 

@@ -1,7 +1,8 @@
 """Stream executors: one worker thread per stream, running submitted IR in order.
 
 Each stream (the root program state, every fork) has a ``StreamExecutor`` whose worker thread
-executes submitted expressions in order (the visitor methods live in ``interpreter.py``), so
+executes submitted expressions in order (through an ``Interpreter``, interpreter.py, for
+which the executor is the ``Stream``), so
 the program body runs ahead of the model: after ``forks += gen(...)`` all branches generate
 at once and the backend batches them. Reading a variable (``s["x"]``) waits for the stream to
 catch up; an error in a worker is kept and re-raised in the program's thread on that sync.
@@ -23,7 +24,7 @@ from typing import Any
 
 from agentlang.backends.base import Backend, Prompt
 from agentlang.chat_template import ChatTemplate
-from agentlang.interpreter import Interpreter
+from agentlang.interpreter import Interpreter, JoinItem
 from agentlang.ir import Expr
 from agentlang.sampling import SamplingOptions
 
@@ -81,13 +82,10 @@ class _VarStream:
     done: bool = False
 
 
-@dataclass(frozen=True)
-class _JoinItem:
-    record: ForkRecord
-    mode: str
+class StreamExecutor:
+    """One stream: its text, messages, variables and worker thread (implements the
+    interpreter's ``Stream`` protocol and ``ProgramState``'s stream protocol)."""
 
-
-class StreamExecutor(Interpreter):
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
         self.text_ = ""
@@ -106,13 +104,14 @@ class StreamExecutor(Interpreter):
         self.cond = threading.Condition()
         self.var_streams: dict[str, _VarStream] = {}
         self.queue: queue.Queue = queue.Queue()
+        self.interpreter = Interpreter(self)
         with ctx.lock:
             ctx.executors.append(self)
         self.worker = threading.Thread(target=self._work, daemon=True, name="agentlang-stream")
         self.worker.start()
 
     # -- plumbing ----------------------------------------------------------------------
-    def submit(self, item: Expr | _JoinItem) -> None:
+    def submit(self, item: Expr | JoinItem) -> None:
         self.queue.put(item)
 
     def sync(self) -> None:
@@ -136,7 +135,7 @@ class StreamExecutor(Interpreter):
                 if item is None:
                     break
                 if self.error_ is None:
-                    self.execute(item)
+                    self.interpreter.execute(item)
             except BaseException as e:  # noqa: BLE001 - handed to the program thread
                 self.error_ = e
             finally:
@@ -172,7 +171,7 @@ class StreamExecutor(Interpreter):
         return record.children, record
 
     def join_streams(self, record: ForkRecord, streams: list, mode: str) -> None:
-        self.submit(_JoinItem(record, mode))
+        self.submit(JoinItem(record, mode))
 
     def get_var(self, name: str) -> Any:
         self.sync()
@@ -243,6 +242,19 @@ class StreamExecutor(Interpreter):
             with self.cond:
                 self.text_ += text
                 self.cond.notify_all()
+
+    def begin_role(self, role: str) -> None:
+        first = not self.messages_ and self.cur_role is None
+        text, messages = self.ctx.template.open_role(role, first)
+        self.messages_.extend(messages)
+        self.fill(text)
+        self.cur_role, self.cur_role_begin = role, len(self.text_)
+
+    def end_role(self, role: str) -> None:
+        content = self.text_[self.cur_role_begin:]
+        self.fill(self.ctx.template.close_role(role))
+        self.messages_.append({"role": role, "content": content})
+        self.cur_role = None
 
     def prompt(self) -> Prompt:
         open_text = self.text_[self.cur_role_begin:] if self.cur_role else ""

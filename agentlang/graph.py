@@ -12,10 +12,15 @@ its arguments. Edges:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 KINDS = ("argument", "text", "gen", "select", "role_begin", "role_end", "var_scope_begin",
          "var_scope_end", "tool_call", "agent_loop", "fork", "join")
+# fill colour per node kind (DOT and the matplotlib drawing); other kinds are white
+KIND_COLORS = MappingProxyType({
+    "gen": "#cfe8ff", "select": "#ffe3b3", "argument": "#e8e8e8", "tool_call": "#d9f2d0",
+    "agent_loop": "#d9f2d0", "fork": "#f4c7c3", "join": "#f4c7c3"})
 
 
 @dataclass(frozen=True)
@@ -76,9 +81,7 @@ class Graph:
         shapes = {"argument": "parallelogram", "gen": "box", "select": "hexagon",
                   "fork": "triangle", "join": "invtriangle", "tool_call": "component",
                   "agent_loop": "component"}
-        fills = {"gen": "#cfe8ff", "select": "#ffe3b3", "argument": "#e8e8e8",
-                 "tool_call": "#d9f2d0", "agent_loop": "#d9f2d0", "fork": "#f4c7c3",
-                 "join": "#f4c7c3"}
+        fills = KIND_COLORS
         lines = [f'digraph "{_dot_escape(self.name)}" {{', "  rankdir=TB;",
                  '  node [shape=box, style="rounded,filled", fillcolor=white, fontsize=10];']
         args = [n for n in self.nodes if n.stream is None]

@@ -1,86 +1,91 @@
-"""The interpreter: a visitor over IR nodes, one ``visit_*`` method per node type.
+"""The interpreter: a visitor over IR nodes, one ``visit_*`` method per node type, dispatched
+through one table (:data:`Interpreter.VISITS`, node type → method) — never by class name.
 
-``Interpreter`` is mixed into ``StreamExecutor`` (executor.py), which supplies the stream
-state (``text_``, ``messages_``, ``variables``) and helpers (``fill``, ``store_var``,
-``generate_text``, ``resolve``). Visitor methods run on the stream's worker thread.
+It runs a stream's submitted nodes on the stream's worker thread and touches the stream only
+through the :class:`~agentlang.stream.Stream` protocol (``StreamExecutor`` in executor.py implements it).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from agentlang import agent
-from agentlang.ir import (AgentLoop, Concat, Gen, RoleBegin, RoleEnd, Select, Text,
+from agentlang.ir import (AgentLoop, Concat, Expr, Gen, RoleBegin, RoleEnd, Select, Text,
                           ToolCall, VarScopeBegin, VarScopeEnd)
+from agentlang.stream import Stream
+
+
+@dataclass(frozen=True)
+class JoinItem:
+    """Queued on the parent stream by ``join``: wait for the fork's children, merge them."""
+
+    record: Any                   # executor.ForkRecord: children and the prefix handle
+    mode: str                     # a join mode of state.JOIN_MODES
 
 
 class Interpreter:
-    def execute(self, node: Any) -> None:
-        getattr(self, "visit_" + type(node).__name__.lower().lstrip("_"))(node)
+    def __init__(self, stream: Stream):
+        self.s = stream
+
+    def execute(self, node: Expr | JoinItem) -> None:
+        visit = self.VISITS.get(type(node))
+        if visit is None:
+            raise TypeError(f"the interpreter cannot run a {type(node).__name__} node")
+        visit(self, node)
 
     def visit_text(self, node: Text) -> None:
-        self.fill(node.value)
+        self.s.fill(node.value)
 
     def visit_concat(self, node: Concat) -> None:
         for item in node.items:
             self.execute(item)
 
     def visit_gen(self, node: Gen) -> None:
-        opts = self.resolve(node.options)
-        text, result = self.generate_text(opts, node.name)
+        opts = self.s.resolve(node.options)
+        text, result = self.s.generate_text(opts, node.name)
         meta = {**result.meta, "finish_reason": {"type": result.finish_reason,
                                                  "matched": result.matched_stop}}
         if result.token_logprobs is not None:
             meta["output_token_logprobs"] = [(lp, tid) for lp, tid, _ in result.token_logprobs]
             meta["output_top_logprobs"] = [top for _, _, top in result.token_logprobs]
-        self.store_var(node.name, typed_value(text, opts.value_type, node.name), meta)
+        self.s.store_var(node.name, typed_value(text, opts.value_type, node.name), meta)
 
     def visit_select(self, node: Select) -> None:
-        backend, choices = self.ctx.backend, list(node.choices)
-        logprobs = backend.score(self.text_, choices)
-        uncond = backend.score("", choices) if node.method.requires_unconditional else None
+        ctx, choices = self.s.ctx, list(node.choices)
+        logprobs = ctx.backend.score(self.s.text_, choices)
+        uncond = ctx.backend.score("", choices) if node.method.requires_unconditional else None
         decision = node.method(choices, logprobs, uncond)
         index = decision.index
         if node.temperature > 0:
             top = max(decision.scores)
             weights = [math.exp((sc - top) / node.temperature) for sc in decision.scores]
-            index = self.ctx.rng.choices(range(len(choices)), weights=weights)[0]
-        self.fill(choices[index])
-        self.store_var(node.name, choices[index], {**decision.meta, "scores": decision.scores})
+            index = ctx.rng.choices(range(len(choices)), weights=weights)[0]
+        self.s.fill(choices[index])
+        self.s.store_var(node.name, choices[index], {**decision.meta, "scores": decision.scores})
 
-    def visit_rolebegin(self, node: RoleBegin) -> None:
-        template = self.ctx.template
-        if not self.messages_ and self.cur_role is None:
-            self.fill(template.preamble)
-            if node.role != "system" and template.default_system_prompt is not None:
-                pre, suf = template.prefix_and_suffix("system")
-                self.fill(pre + template.default_system_prompt + suf)
-                self.messages_.append({"role": "system",
-                                       "content": template.default_system_prompt})
-        self.fill(template.prefix_and_suffix(node.role)[0])
-        self.cur_role, self.cur_role_begin = node.role, len(self.text_)
+    def visit_role_begin(self, node: RoleBegin) -> None:
+        self.s.begin_role(node.role)
 
-    def visit_roleend(self, node: RoleEnd) -> None:
-        content = self.text_[self.cur_role_begin:]
-        self.fill(self.ctx.template.prefix_and_suffix(node.role)[1])
-        self.messages_.append({"role": node.role, "content": content})
-        self.cur_role = None
+    def visit_role_end(self, node: RoleEnd) -> None:
+        self.s.end_role(node.role)
 
-    def visit_varscopebegin(self, node: VarScopeBegin) -> None:
-        self.scopes[node.name] = len(self.text_)
+    def visit_var_scope_begin(self, node: VarScopeBegin) -> None:
+        self.s.scopes[node.name] = len(self.s.text_)
 
-    def visit_varscopeend(self, node: VarScopeEnd) -> None:
-        self.store_var(node.name, self.text_[self.scopes.pop(node.name):])
+    def visit_var_scope_end(self, node: VarScopeEnd) -> None:
+        self.s.store_var(node.name, self.s.text_[self.s.scopes.pop(node.name):])
 
-    def visit_toolcall(self, node: ToolCall) -> None:
-        agent.execute_tool_call(self, node)
+    def visit_tool_call(self, node: ToolCall) -> None:
+        agent.execute_tool_call(self.s, node)
 
-    def visit_agentloop(self, node: AgentLoop) -> None:
-        agent.execute_agent_loop(self, node)
+    def visit_agent_loop(self, node: AgentLoop) -> None:
+        agent.execute_agent_loop(self.s, node)
 
-    def visit_joinitem(self, item: Any) -> None:
+    def visit_join(self, item: JoinItem) -> None:
         children = item.record.children
         for child in children:
             child.end()
@@ -93,14 +98,22 @@ class Interpreter:
             if item.mode == "gather_variable":
                 names = sorted(set().union(*(c.written for c in children)))
                 for name in names:
-                    self.store_var(name, [c.variables.get(name) for c in children],
-                                 [c.meta_info.get(name) for c in children])
+                    self.s.store_var(name, [c.variables.get(name) for c in children],
+                                     [c.meta_info.get(name) for c in children])
             else:  # concate_and_append
-                self.fill("".join(c.text_[c.fork_start:] for c in children))
+                self.s.fill("".join(c.text_[c.fork_start:] for c in children))
                 for c in children:
-                    self.messages_.extend(c.messages_[c.fork_messages:])
+                    self.s.messages_.extend(c.messages_[c.fork_messages:])
         finally:
-            self.ctx.release(item.record)
+            self.s.ctx.release(item.record)
+
+    VISITS = MappingProxyType({
+        Text: visit_text, Concat: visit_concat, Gen: visit_gen,
+        Select: visit_select, RoleBegin: visit_role_begin,
+        RoleEnd: visit_role_end, VarScopeBegin: visit_var_scope_begin,
+        VarScopeEnd: visit_var_scope_end, ToolCall: visit_tool_call,
+        AgentLoop: visit_agent_loop, JoinItem: visit_join,
+    })
 
 
 def typed_value(text: str, value_type: str | None, name: str | None) -> Any:

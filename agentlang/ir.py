@@ -134,8 +134,36 @@ class Join(Expr):
     mode: str
 
 
+class Placeholder(Expr):
+    """Base of the tracing placeholders: every use that needs a concrete value raises the
+    subclass's ``_misuse`` error, which explains how to write the line instead."""
+
+    def _misuse(self, what: str) -> TraceError:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        raise self._misuse("str()")
+
+    def __format__(self, spec: str) -> str:
+        raise self._misuse("an f-string or format()")
+
+    def __bool__(self) -> bool:
+        raise self._misuse("a condition (if/while/and/or)")
+
+    def __iter__(self):
+        raise self._misuse("a loop or unpacking")
+
+    def __len__(self) -> int:
+        raise self._misuse("len()")
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise self._misuse(f"an attribute access (.{attr})")
+
+
 @dataclass(frozen=True, eq=False)
-class Argument(Expr):
+class Argument(Placeholder):
     """Placeholder for a program argument during tracing."""
 
     name: str
@@ -148,32 +176,12 @@ class Argument(Expr):
             f"or pass a concrete value: program.trace({self.name}=...)"
         )
 
-    def __str__(self) -> str:
-        raise self._misuse("str()")
-
-    def __format__(self, spec: str) -> str:
-        raise self._misuse("an f-string or format()")
-
-    def __bool__(self) -> bool:
-        raise self._misuse("a condition (if/while/and/or)")
-
-    def __iter__(self):
-        raise self._misuse("a loop or unpacking")
-
-    def __len__(self) -> int:
-        raise self._misuse("len()")
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        raise self._misuse(f"an attribute access (.{attr})")
-
     def __getitem__(self, key: Any) -> Any:
         raise self._misuse("an index or key lookup")
 
 
 @dataclass(frozen=True, eq=False)
-class Variable(Expr):
+class Variable(Placeholder):
     """Placeholder for a generated variable during tracing (``s["name"]``)."""
 
     name: str
@@ -186,15 +194,6 @@ class Variable(Expr):
             f"code that branches on or formats generated text cannot be traced"
         )
 
-    def __str__(self) -> str:
-        raise self._misuse("str()")
-
-    def __format__(self, spec: str) -> str:
-        raise self._misuse("an f-string or format()")
-
-    def __bool__(self) -> bool:
-        raise self._misuse("a condition (if/while/and/or)")
-
     def __eq__(self, other: object) -> Any:  # type: ignore[override]
         return _Undecidable(self._misuse("a comparison"))
 
@@ -203,22 +202,11 @@ class Variable(Expr):
 
     __hash__ = object.__hash__
 
-    def __iter__(self):
-        raise self._misuse("a loop or unpacking")
-
-    def __len__(self) -> int:
-        raise self._misuse("len()")
-
     def __int__(self) -> int:
         raise self._misuse("int()")
 
     def __float__(self) -> float:
         raise self._misuse("float()")
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        raise self._misuse(f"an attribute access (.{attr})")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any
 
 from agentlang.ir import (AgentLoop, Call, Concat, Expr, Fork, Join, RoleBegin, RoleEnd,
@@ -20,15 +21,23 @@ from agentlang.ir import (AgentLoop, Call, Concat, Expr, Fork, Join, RoleBegin, 
 JOIN_MODES = ("gather_variable", "concate_and_append")
 
 
+class Closing:
+    """Shared by the states of one fork group: once ``reason`` is set (at the join), appending
+    to any of them raises ``ValueError(reason)``."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+
 class ProgramState:
     """What a program function receives as ``s``."""
 
     def __init__(self, stream: Any, open_role: str | None = None,
-                 open_scopes: tuple[str, ...] = ()):
+                 open_scopes: tuple[str, ...] = (), closing: Closing | None = None):
         self._stream = stream
         self._open_role = open_role
         self._open_scopes = list(open_scopes)
-        self._closed: str | None = None
+        self._closing = closing if closing is not None else Closing()
         self.ret_value: Any = None
 
     # -- appending ---------------------------------------------------------------------
@@ -53,8 +62,8 @@ class ProgramState:
             pending.clear()
 
     def _check_open(self) -> None:
-        if self._closed is not None:
-            raise ValueError(self._closed)
+        if self._closing.reason is not None:
+            raise ValueError(self._closing.reason)
 
     def _check_leaf(self, leaf: Expr) -> None:
         if isinstance(leaf, (Fork, Join)):
@@ -64,27 +73,43 @@ class ProgramState:
             raise ValueError(f"{type(leaf).__name__.lower()} writes variable '{name}' inside "
                              f"var_scope('{name}'), which will overwrite it when the scope "
                              f"ends; use another name")
-        if isinstance(leaf, RoleBegin):
-            if self._open_role is not None:
-                raise ValueError(f"role '{leaf.role}' begins while role '{self._open_role}' is "
-                                 f"open; roles do not nest — end '{self._open_role}' first")
-            self._open_role = leaf.role
-        elif isinstance(leaf, RoleEnd):
-            if self._open_role != leaf.role:
-                raise ValueError(f"role '{leaf.role}' ends but the open role is "
-                                 f"{self._open_role!r}")
-            self._open_role = None
-        elif isinstance(leaf, VarScopeBegin):
-            if leaf.name in self._open_scopes:
-                raise ValueError(f"var_scope('{leaf.name}') is already open")
-            self._open_scopes.append(leaf.name)
-        elif isinstance(leaf, VarScopeEnd):
-            if leaf.name not in self._open_scopes:
-                raise ValueError(f"var_scope('{leaf.name}') ends but was never opened")
-            self._open_scopes.remove(leaf.name)
-        elif isinstance(leaf, AgentLoop) and self._open_role is not None:
+        check = self.CHECKS.get(type(leaf))
+        if check is not None:
+            check(self, leaf)
+
+    def _check_role_begin(self, leaf: RoleBegin) -> None:
+        if self._open_role is not None:
+            raise ValueError(f"role '{leaf.role}' begins while role '{self._open_role}' is "
+                             f"open; roles do not nest — end '{self._open_role}' first")
+        self._open_role = leaf.role
+
+    def _check_role_end(self, leaf: RoleEnd) -> None:
+        if self._open_role != leaf.role:
+            raise ValueError(f"role '{leaf.role}' ends but the open role is "
+                             f"{self._open_role!r}")
+        self._open_role = None
+
+    def _check_scope_begin(self, leaf: VarScopeBegin) -> None:
+        if leaf.name in self._open_scopes:
+            raise ValueError(f"var_scope('{leaf.name}') is already open")
+        self._open_scopes.append(leaf.name)
+
+    def _check_scope_end(self, leaf: VarScopeEnd) -> None:
+        if leaf.name not in self._open_scopes:
+            raise ValueError(f"var_scope('{leaf.name}') ends but was never opened")
+        self._open_scopes.remove(leaf.name)
+
+    def _check_agent_loop(self, leaf: AgentLoop) -> None:
+        if self._open_role is not None:
             raise ValueError(f"agent_loop opens its own roles; end role '{self._open_role}' "
                              f"before it")
+
+    # node type → the check that also tracks open roles and scopes; other nodes: no check
+    CHECKS = MappingProxyType({
+        RoleBegin: _check_role_begin, RoleEnd: _check_role_end,
+        VarScopeBegin: _check_scope_begin, VarScopeEnd: _check_scope_end,
+        AgentLoop: _check_agent_loop,
+    })
 
     # -- roles and scopes ----------------------------------------------------------------
     def _role(self, role: str, expr: Any) -> Any:
@@ -124,8 +149,11 @@ class ProgramState:
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"fork size must be a positive int, got {size!r}")
         streams, token = self._stream.fork_streams(size)
-        states = [ProgramState(st, self._open_role, tuple(self._open_scopes)) for st in streams]
-        return ForkGroup(self, states, token)
+        closing = Closing()
+        states = [ProgramState(st, self._open_role, tuple(self._open_scopes), closing)
+                  for st in streams]
+        return ForkGroup(states, closing, self._check_open,
+                         lambda mode: self._stream.join_streams(token, streams, mode))
 
     @contextmanager
     def copy(self) -> Iterator[ProgramState]:
@@ -195,10 +223,12 @@ class ForkGroup:
     """The states returned by ``s.fork(n)``. ``forks += x`` appends to every fork
     (``x`` may also be a list with one item per fork, or ``lambda i: ...``)."""
 
-    def __init__(self, parent: ProgramState, states: list[ProgramState], token: Any):
-        self._parent = parent
+    def __init__(self, states: list[ProgramState], closing: Closing,
+                 check_parent: Callable[[], None], merge: Callable[[str], None]):
         self.states = states
-        self._token = token
+        self._closing = closing             # the states' shared closing
+        self._check_parent = check_parent   # raises if the parent state is closed
+        self._merge = merge                 # merges the forks' streams into the parent's
         self._joined = False
 
     def __len__(self) -> int:
@@ -240,8 +270,7 @@ class ForkGroup:
             raise ValueError("this fork group was already joined; join() may be called once")
         if mode not in JOIN_MODES:
             raise ValueError(f"join mode must be one of {JOIN_MODES}, got {mode!r}")
-        self._parent._check_open()
+        self._check_parent()
         self._joined = True
-        for state in self.states:
-            state._closed = "this fork was joined; append to the parent state instead"
-        self._parent._stream.join_streams(self._token, [st._stream for st in self.states], mode)
+        self._closing.reason = "this fork was joined; append to the parent state instead"
+        self._merge(mode)

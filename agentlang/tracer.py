@@ -12,6 +12,7 @@ shared prefixes) without running user code past that point.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from agentlang.chat_template import ChatTemplate
@@ -20,8 +21,7 @@ from agentlang.ir import (AgentLoop, Argument, Expr, Gen, Join, RoleBegin, RoleE
                           ToolCall, TraceError, Variable, VarScopeBegin, VarScopeEnd, leaves)
 from agentlang.state import ProgramState
 
-_FILL = (Text, Argument, Variable)
-_GENERATING = (Gen, Select, ToolCall, AgentLoop)
+_FILL = (Text, Argument, Variable)   # consecutive fills make one text node
 
 
 class _StopTrace(BaseException):
@@ -127,47 +127,58 @@ class TraceStream:
         self._add("text", short(label), reads, expr=tuple(fills))
 
     def _leaf(self, leaf: Expr) -> None:
-        template = self.b.template
-        if isinstance(leaf, _GENERATING):
-            self._mark_prefix(constant_only=False)
-        if isinstance(leaf, Gen):
-            self._add("gen", f"gen {leaf.name or ''}".rstrip(), writes=leaf.name, expr=leaf)
-            self.text_ += "{" + (leaf.name or "gen") + "}"
-        elif isinstance(leaf, Select):
-            self._add("select", f"select {leaf.name or ''}: {'|'.join(leaf.choices)}",
-                      writes=leaf.name, expr=leaf)
-            self.text_ += "{" + (leaf.name or "select") + "}"
-        elif isinstance(leaf, ToolCall):
-            names = "|".join(t.name for t in leaf.tools)
-            self._add("tool_call", f"tool_call {names}", writes=leaf.name, expr=leaf)
-            self.text_ += "{tool_call}"
-        elif isinstance(leaf, AgentLoop):
-            names = ", ".join(t.name for t in leaf.tools)
-            self._add("agent_loop", f"agent_loop [{names}] → {leaf.name}", writes=leaf.name,
-                      expr=leaf)
-            self.text_ += "{agent_loop}"
-        elif isinstance(leaf, RoleBegin):
-            if not self.messages_ and self.role is None:
-                self.text_ += template.preamble
-                if leaf.role != "system" and template.default_system_prompt is not None:
-                    pre, suf = template.prefix_and_suffix("system")
-                    self.text_ += pre + template.default_system_prompt + suf
-                    self.messages_.append({"role": "system",
-                                           "content": template.default_system_prompt})
-            self._add("role_begin", f"<{leaf.role}>", expr=leaf)
-            self.text_ += template.prefix_and_suffix(leaf.role)[0]
-            self.role, self.role_begin = leaf.role, len(self.text_)
-        elif isinstance(leaf, RoleEnd):
-            self._add("role_end", f"</{leaf.role}>", expr=leaf)
-            self.messages_.append({"role": leaf.role, "content": self.text_[self.role_begin:]})
-            self.text_ += template.prefix_and_suffix(leaf.role)[1]
-            self.role = None
-        elif isinstance(leaf, VarScopeBegin):
-            self._add("var_scope_begin", f"var_scope {leaf.name} ▶", expr=leaf)
-        elif isinstance(leaf, VarScopeEnd):
-            self._add("var_scope_end", f"◀ var_scope {leaf.name}", writes=leaf.name, expr=leaf)
-        else:
+        trace = self.TRACES.get(type(leaf))
+        if trace is None:
             raise TraceError(f"cannot trace {type(leaf).__name__}")
+        trace(self, leaf)
+
+    def _generating(self, kind: str, label: str, leaf: Expr, placeholder: str) -> None:
+        self._mark_prefix(constant_only=False)
+        self._add(kind, label, writes=leaf.name, expr=leaf)
+        self.text_ += "{" + placeholder + "}"
+
+    def trace_gen(self, leaf: Gen) -> None:
+        self._generating("gen", f"gen {leaf.name or ''}".rstrip(), leaf, leaf.name or "gen")
+
+    def trace_select(self, leaf: Select) -> None:
+        self._generating("select", f"select {leaf.name or ''}: {'|'.join(leaf.choices)}", leaf,
+                         leaf.name or "select")
+
+    def trace_tool_call(self, leaf: ToolCall) -> None:
+        names = "|".join(t.name for t in leaf.tools)
+        self._generating("tool_call", f"tool_call {names}", leaf, "tool_call")
+
+    def trace_agent_loop(self, leaf: AgentLoop) -> None:
+        names = ", ".join(t.name for t in leaf.tools)
+        self._generating("agent_loop", f"agent_loop [{names}] → {leaf.name}", leaf, "agent_loop")
+
+    def trace_role_begin(self, leaf: RoleBegin) -> None:
+        text, messages = self.b.template.open_role(leaf.role,
+                                                   not self.messages_ and self.role is None)
+        self.messages_.extend(messages)
+        self._add("role_begin", f"<{leaf.role}>", expr=leaf)
+        self.text_ += text
+        self.role, self.role_begin = leaf.role, len(self.text_)
+
+    def trace_role_end(self, leaf: RoleEnd) -> None:
+        self._add("role_end", f"</{leaf.role}>", expr=leaf)
+        self.messages_.append({"role": leaf.role, "content": self.text_[self.role_begin:]})
+        self.text_ += self.b.template.close_role(leaf.role)
+        self.role = None
+
+    def trace_var_scope_begin(self, leaf: VarScopeBegin) -> None:
+        self._add("var_scope_begin", f"var_scope {leaf.name} ▶", expr=leaf)
+
+    def trace_var_scope_end(self, leaf: VarScopeEnd) -> None:
+        self._add("var_scope_end", f"◀ var_scope {leaf.name}", writes=leaf.name, expr=leaf)
+
+    TRACES = MappingProxyType({
+        Gen: trace_gen, Select: trace_select,
+        ToolCall: trace_tool_call, AgentLoop: trace_agent_loop,
+        RoleBegin: trace_role_begin, RoleEnd: trace_role_end,
+        VarScopeBegin: trace_var_scope_begin,
+        VarScopeEnd: trace_var_scope_end,
+    })
 
     # -- stream protocol -----------------------------------------------------------------
     def fork_streams(self, size: int) -> tuple[list[TraceStream], int]:

@@ -14,7 +14,6 @@ prefix cache off — what a hand-written loop over a completion API does.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.output import write_results  # noqa: E402
 import agentlang as al  # noqa: E402
 from agentlang.backends.base import Backend  # noqa: E402
 
@@ -122,7 +122,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="depth 2 and 8 questions")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    ap.add_argument("--out", default="bench/results/programs.json")
+    ap.add_argument("--out", help="JSON output (default: bench/results/programs.json; "
+                    "a --quick run: a temporary directory)")
     args = ap.parse_args()
     depth = 2 if args.quick else 3
     questions = COUNTRIES[: 8 if args.quick else 32]
@@ -150,9 +151,8 @@ def main() -> None:
                                 "naive_s": t_naive, "speedup": ratio, "cache_hit_rate": rate})
         print(f"{name:16s} {workload:26s} agentlang {t_fast:6.1f}s  naive {t_naive:6.1f}s  "
               f"→ {ratio:4.1f}×  (hit rate {rate:.2f})", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
-    print(f"wrote {args.out}")
+    out = write_results("programs", results, args.out, args.quick)
+    print(f"wrote {out}")
     fast.close()
     naive.inner.close()
 

@@ -36,6 +36,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.output import write_results  # noqa: E402
 from bench.workloads import Item, shared_prefix_chat  # noqa: E402
 
 
@@ -200,7 +201,8 @@ def main() -> None:
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
     ap.add_argument("--quick", action="store_true",
                     help="16 requests, 256-token system prompt, 8 new tokens, 8 clients")
-    ap.add_argument("--out", default=str(ROOT / "bench/results/serve.json"))
+    ap.add_argument("--out", help="JSON output (default: bench/results/serve.json; "
+                    "a --quick run: a temporary directory)")
     args = ap.parse_args()
     if args.quick:
         args.requests, args.system_tokens, args.new_tokens, args.concurrency = 16, 256, 8, 8
@@ -235,11 +237,10 @@ def main() -> None:
             "ttft_p50_delta_s": http["ttft_p50_s"] - inproc["ttft_p50_s"],
             "ttft_p99_delta_s": http["ttft_p99_s"] - inproc["ttft_p99_s"]},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    out = write_results("serve", result, args.out, args.quick)
     r = result["http_vs_in_process"]
     print(f"HTTP / in-process throughput {r['throughput_ratio']:.3f}; TTFT p50 "
-          f"{r['ttft_p50_delta_s']:+.3f} s, p99 {r['ttft_p99_delta_s']:+.3f} s; wrote {args.out}")
+          f"{r['ttft_p50_delta_s']:+.3f} s, p99 {r['ttft_p99_delta_s']:+.3f} s; wrote {out}")
 
 
 def _print(name: str, r: dict) -> None:

@@ -24,6 +24,7 @@ import jsonschema
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+from bench.output import write_results  # noqa: E402
 from data.schemas import KEY_HEAVY, SCHEMAS  # noqa: E402
 from runtime import Engine, SamplingParams  # noqa: E402
 import runtime.grammar.mask as mask_mod  # noqa: E402
@@ -121,7 +122,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 prompt per schema, batch 4")
-    ap.add_argument("--out", default="bench/results/structured.json")
+    ap.add_argument("--out", help="JSON output (default: bench/results/structured.json; "
+                    "a --quick run: a temporary directory)")
     args = ap.parse_args()
     results = {"machine": "2-core x86_64 CPU, 24 GiB", "model": "SmolLM2-135M-Instruct",
                "dtype": "float32"}
@@ -141,9 +143,8 @@ def main() -> None:
         v = results["validity"][backend] = validity(e, 1 if args.quick else 3)
         print(f"(c) {backend}: {v['valid']}/{v['valid'] + v['invalid']} valid "
               f"({v['valid_pct']:.0f}%), {v['unsupported']} refused as unsupported", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
-    print(f"wrote {args.out}")
+    out = write_results("structured", results, args.out, args.quick)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ max_new_tokens; only the requested tokens count as output).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.output import write_results  # noqa: E402
 from bench.workloads import independent, shared_prefix_chat  # noqa: E402
 from runtime import Engine, SamplingParams  # noqa: E402
 from runtime.model_loader import resolve_model  # noqa: E402
@@ -79,7 +79,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="16 requests, shorter prompts")
     ap.add_argument("--workloads", nargs="+", default=["shared_prefix_chat", "independent"],
                     choices=["shared_prefix_chat", "independent"])
-    ap.add_argument("--out", default="bench/results/throughput.json")
+    ap.add_argument("--out", help="JSON output (default: bench/results/throughput.json; "
+                    "a --quick run: a temporary directory)")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -110,9 +111,8 @@ def main() -> None:
                   f"peak pages {ours['peak_kv_pages']}", flush=True)
             print(f"  HF        {base['tokens_per_s']:8.1f} tok/s  wall {base['wall_s']:6.1f}s  "
                   f"→ speedup {ratio:.2f}×", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
-    print(f"wrote {args.out}")
+    out = write_results("throughput", results, args.out, args.quick)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,20 @@
-"""The in-process engine: tokenizer, scheduler, model runner, sampler and prefix cache.
+"""The in-process engine: wiring of tokenizer, scheduler, model runner, sampler and prefix
+cache, plus the public API and the step.
 
 ``step()`` reads as three verbs: schedule → run → process outputs. Callers submit from any
-thread: submissions and aborts go through an inbox drained at the start of each step, so the
-engine state is only touched by whoever runs ``step()`` (the background loop once an async or
-concurrent API started it, else the blocking call itself).
+thread: submissions and aborts go through the :class:`StepLoop` inbox drained at the start of
+each step, so the engine state is only touched by whoever runs ``step()`` (the background loop
+once an async or concurrent API started it, else the blocking call itself). Owners: requests
+in flight — :class:`RequestTracker`; building them — :class:`RequestBuilder`; queues, pages and
+preemption — :class:`Scheduler`; logits to tokens, finishing, streaming —
+:class:`OutputProcessor`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import itertools
 import queue
-import random
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -22,6 +22,7 @@ import torch
 
 from runtime.attention.base import make_backend
 from runtime.engine_config import EngineConfig
+from runtime.engine_loop import StepLoop
 from runtime.kv_pool import KVLayout, KVPool
 from runtime.model_loader import resolve_model
 from runtime.model_runner import ModelRunner
@@ -30,9 +31,11 @@ from runtime.outputs import RequestOutput, StreamDelta
 from runtime.output_processor import OutputProcessor
 from runtime.page_allocator import PageAllocator
 from runtime.page_table import memory_metrics
-from runtime.prompts import PromptInput, normalize_prompts
+from runtime.prompts import PromptInput
 from runtime.radix_cache import RadixCache
-from runtime.request import Request, RequestGroup
+from runtime.request import RequestGroup
+from runtime.request_builder import LazyGrammarCache, RequestBuilder
+from runtime.request_tracker import RequestTracker
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig
 
@@ -79,20 +82,15 @@ class Engine:
         # The effective KV storage dtype keys the prefix cache: pages stored at one precision
         # are never served to another.
         self.namespace_base = (self.model_name, str(cfg.torch_dtype), self.kv_layout.kv_dtype_name)
-        self.processor = OutputProcessor(self)
-        self._rng = random.Random(cfg.seed)
-        self._ids = itertools.count()
-        self._groups: dict[str, RequestGroup] = {}
-        self._pending_grammar: list[RequestGroup] = []
-        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._step_lock = threading.RLock()
-        self._wake = threading.Event()
-        self._loop_thread: threading.Thread | None = None
-        self._stop = False
-        self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "requests_finished": 0}
+        self.grammars = LazyGrammarCache(self._make_grammar_cache)
+        self.builder = RequestBuilder(self.tokenizer, mc.vocab_size, self.max_context,
+                                      self.pool.capacity_tokens, self.namespace_base,
+                                      self.grammars, cfg.seed)
+        self.tracker = RequestTracker()
+        self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
+                                         self.tokenizer, self.eos_ids, self.max_context)
+        self.step_loop = StepLoop(self.step, self._fail_all)
         self.peak_pages_used = 0
-        self._grammar = None
-        self._grammar_lock = threading.Lock()
 
     # ---- public API ---------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -118,7 +116,7 @@ class Engine:
         self._submit(group)
         try:
             while True:
-                if self._loop_thread is None:
+                if not self.step_loop.running:
                     while q.empty():
                         self.step()
                 d = q.get()
@@ -157,16 +155,13 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         """Finish a request with ``finish_reason="abort"`` and free everything it holds."""
-        self._inbox.put(lambda: self.processor.abort(request_id))
-        self._wake.set()
-        if self._loop_thread is None:
-            self.step()
+        self._post_now(lambda: self.processor.abort(request_id))
 
     def score(self, prefix: str | list[int], continuations: Sequence[str]) -> list[list[float]]:
         """Per-token logprobs of each continuation after ``prefix`` (prefix computed once)."""
         if not continuations:
             raise ValueError("continuations: must be a non-empty list of strings")
-        pre = self._encode_one(prefix, "prefix")
+        pre = self.builder.encode_one(prefix, "prefix")
         seqs = []
         for c in continuations:
             if not isinstance(c, str) or not c:
@@ -178,8 +173,8 @@ class Engine:
             seqs.append(full)
         handle = self.cache_prefix(pre) if len(pre) >= self.config.page_size else None
         try:
-            groups = [self._new_group(s, SamplingParams(max_tokens=1), prefill_only=True,
-                                      logprob_start=len(pre)) for s in seqs]
+            groups = [self.builder.group(s, SamplingParams(max_tokens=1), prefill_only=True,
+                                         logprob_start=len(pre)) for s in seqs]
             self._run_groups(groups)
         finally:
             if handle is not None:
@@ -188,9 +183,9 @@ class Engine:
 
     def cache_prefix(self, prompt: str | list[int]) -> PrefixHandle:
         """Prefill ``prompt`` once, insert it into the radix cache and pin it there."""
-        ids = self._encode_one(prompt, "prompt")
+        ids = self.builder.encode_one(prompt, "prompt")
         handle = PrefixHandle(ids)
-        g = self._new_group(ids, SamplingParams(max_tokens=1), prefill_only=True)
+        g = self.builder.group(ids, SamplingParams(max_tokens=1), prefill_only=True)
 
         def pin(grp: RequestGroup) -> None:   # runs on the stepping thread, at the finish
             m = self.cache.match_prefix(ids, grp.namespace, record=False)
@@ -205,20 +200,23 @@ class Engine:
             raise ValueError("release_prefix: this prefix handle was already released")
         handle.released = True
         node = handle.node
-        self._inbox.put(lambda: self.cache.unlock(node))
-        self._wake.set()
-        if self._loop_thread is None:
-            self.step()
+        self._post_now(lambda: self.cache.unlock(node))
 
     def flush_cache(self) -> int:
         """Free every unpinned page of the prefix cache; returns the pages freed."""
-        with self._step_lock:
+        with self.step_loop.lock:
             return self.cache.flush()
 
     def metrics(self) -> dict[str, float]:
-        tables = [t for t in (r.page_table for r in list(self.scheduler.running)) if t is not None]
+        """A consistent snapshot: read under the step's lock, never mid-step."""
+        with self.step_loop.lock:
+            return self._metrics_locked()
+
+    def _metrics_locked(self) -> dict[str, float]:
+        tables = [t for t in (r.page_table for r in self.scheduler.running) if t is not None]
         c = memory_metrics(self.cache, tables, self.scheduler.table_stats)
         used = self.allocator.num_used
+        counters = self.tracker.counters
         return {
             "prefix_cache_queried_tokens": c["prefix_queried_tokens"],
             "prefix_cache_hit_tokens": c["prefix_hit_tokens"],
@@ -235,11 +233,11 @@ class Engine:
             "preemptions": self.scheduler.preemptions,
             "tokens_run": self.runner.tokens_run,
             "forward_passes": self.runner.forward_passes,
-            "prompt_tokens": self.counters["prompt_tokens"],
-            "generated_tokens": self.counters["generated_tokens"],
-            "requests_finished": self.counters["requests_finished"],
+            "prompt_tokens": counters.prompt_tokens,
+            "generated_tokens": counters.generated_tokens,
+            "requests_finished": counters.requests_finished,
             "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting) + len(self._pending_grammar),
+            "num_waiting": len(self.scheduler.waiting) + self.tracker.num_waiting_grammar,
             "page_size": self.config.page_size,
         }
 
@@ -249,48 +247,32 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------------
     def step(self) -> bool:
         """One scheduling step; returns whether work remains."""
-        with self._step_lock:
-            while not self._inbox.empty():
-                self._inbox.get()()
+        with self.step_loop.lock:
+            self.step_loop.drain()
             self.processor.admit_ready_grammars()
-            items = self.scheduler.schedule()
-            for req in self.scheduler.failed:
+            batch = self.scheduler.schedule()
+            for req in batch.unfit:
                 self.processor.finish(req, "length", error="request does not fit in the KV pool")
-            self.scheduler.failed.clear()
-            if items:
+            if batch.items:
                 self.peak_pages_used = max(self.peak_pages_used, self.allocator.num_used)
-                logits = self.runner.run(items)
-                self.processor.process(items, logits)
-            return self.scheduler.has_work or bool(self._pending_grammar)
+                logits = self.runner.run(batch.items)
+                self.processor.process(batch.items, logits)
+            return self.scheduler.has_work or self.tracker.num_waiting_grammar > 0
 
     def start_background_loop(self) -> None:
-        if self._loop_thread is not None:     # fast path: never wait for a running step
-            return
-        with self._step_lock:
-            if self._loop_thread is not None:
-                return
-            self._stop = False
-            self._loop_thread = threading.Thread(target=_drive, args=(weakref.ref(self),),
-                                                 name="agentlang-engine",
-                                                 daemon=True)
-            self._loop_thread.start()
+        self.step_loop.start()
 
     def shutdown(self) -> None:
-        self._stop = True
-        self._wake.set()
-        thread, self._loop_thread = self._loop_thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=10)
+        self.step_loop.shutdown()
 
-    def _loop_once(self) -> None:
-        try:
-            busy = self.step()
-        except Exception as e:  # keep serving: fail the running requests, not the loop
-            self.processor.fail_all(f"engine error: {type(e).__name__}: {e}")
-            busy = False
-        if not busy:
-            self._wake.wait(timeout=0.05)
-            self._wake.clear()
+    def _fail_all(self, exc: Exception) -> None:
+        self.processor.fail_all(f"engine error: {type(exc).__name__}: {exc}")
+
+    def _post_now(self, change: Callable[[], None]) -> None:
+        """Queue ``change`` for the stepping thread; step here if no thread does."""
+        self.step_loop.post(change)
+        if not self.step_loop.running:
+            self.step()
 
     def _run_groups(self, groups: list[RequestGroup],
                     then: Callable[[RequestGroup], None] | None = None) -> None:
@@ -308,77 +290,28 @@ class Engine:
         for g in groups:
             g.on_finish = finished
             self._submit(g)
-        self._run_until(done)
-
-    def _run_until(self, done: threading.Event) -> None:
-        if self._loop_thread is not None:
-            done.wait()
-            return
-        while not done.is_set():
-            self.step()
+        self.step_loop.run_until(done)
 
     def _submit(self, group: RequestGroup) -> None:
-        self._inbox.put(lambda: self.processor.add(group))
-        self._wake.set()
-
-    # ---- request construction -----------------------------------------------------------
-    def _encode_one(self, prompt: str | list[int], field: str) -> list[int]:
-        _, ids = normalize_prompts(prompt, self.tokenizer, self.model_config.vocab_size, field,
-                                   single_only=True)
-        return ids[0]
+        self.step_loop.post(lambda: self.processor.add(group))
 
     def _make_groups(self, prompts, params, request_id: str | None = None,
                      single_only: bool = False) -> tuple[bool, list[RequestGroup]]:
-        single, ids = normalize_prompts(prompts, self.tokenizer, self.model_config.vocab_size,
-                                        "prompt", single_only=single_only,
-                                        chat=self.apply_chat_template)
-        if params is None:
-            params = SamplingParams()
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(ids)
-        if len(plist) != len(ids):
-            raise ValueError(f"params: got {len(plist)} SamplingParams for {len(ids)} prompts")
-        for p in plist:
-            if not isinstance(p, SamplingParams):
-                raise ValueError(f"params: expected SamplingParams, got {type(p).__name__}")
-        groups = [self._new_group(i, p, rid=request_id) for i, p in zip(ids, plist)]
-        return single, groups
-
-    def _new_group(self, ids: list[int], params: SamplingParams, rid: str | None = None,
-                   prefill_only: bool = False, logprob_start: int | None = None) -> RequestGroup:
-        if len(ids) >= self.max_context:
-            raise ValueError(f"prompt: {len(ids)} tokens, the model's context is "
-                             f"{self.max_context} tokens")
-        if len(ids) + 1 > self.pool.capacity_tokens:
-            raise ValueError(f"prompt: {len(ids)} tokens do not fit the KV pool "
-                             f"({self.pool.capacity_tokens} tokens; raise kv_budget_mb)")
-        if params.prompt_logprobs is not None and logprob_start is None:
-            logprob_start = 1
-        ns = self.namespace_base + ((params.cache_salt,) if params.cache_salt else ())
-        group = RequestGroup(rid or f"req-{next(self._ids)}", ids, params, ns,
-                             prefill_only=prefill_only, logprob_start=logprob_start)
-        self.processor.prepare(group)   # compiles constraints; raises ValueError on bad ones
-        return group
+        return self.builder.groups(prompts, params, self.apply_chat_template, request_id,
+                                   single_only)
 
     def grammar_cache(self):
         """The compiled-grammar cache (created on first use: most engines never need it)."""
-        with self._grammar_lock:
-            return self._grammar_cache_locked()
+        return self.grammars.get()
 
-    def _grammar_cache_locked(self):
-        if self._grammar is None:
-            from runtime.grammar.base import make_grammar_backend
-            from runtime.grammar.cache import GrammarCache
+    def _make_grammar_cache(self):
+        from runtime.grammar.base import make_grammar_backend
+        from runtime.grammar.cache import GrammarCache
 
-            backend = make_grammar_backend(self.config.grammar_backend, self.tokenizer,
-                                           self.model_config.vocab_size,
-                                           stop_token_ids=sorted(self.eos_ids))
-            self._grammar = GrammarCache(backend)
-        return self._grammar
-
-    def new_generator(self, seed: int | None, index: int) -> torch.Generator:
-        g = torch.Generator()
-        g.manual_seed((seed + index) if seed is not None else self._rng.getrandbits(62))
-        return g
+        backend = make_grammar_backend(self.config.grammar_backend, self.tokenizer,
+                                       self.model_config.vocab_size,
+                                       stop_token_ids=sorted(self.eos_ids))
+        return GrammarCache(backend)
 
     def __del__(self):
         try:
@@ -386,21 +319,3 @@ class Engine:
         except Exception:
             pass
 
-
-def _drive(ref: "weakref.ref[Engine]") -> None:
-    """The background loop. Holds the engine only weakly between steps, so an engine nobody
-    references any more is collected and its loop ends; at interpreter exit it stops cleanly
-    (no thread is left inside a torch op while the process tears down)."""
-    atexit.register(_stop_at_exit, ref)
-    while True:
-        engine = ref()
-        if engine is None or engine._stop:
-            return
-        engine._loop_once()
-        del engine
-
-
-def _stop_at_exit(ref: "weakref.ref[Engine]") -> None:
-    engine = ref()
-    if engine is not None:
-        engine.shutdown()

@@ -1,75 +1,56 @@
 """Processing one step's logits: commit KV, prompt logprobs, sampling, n>1 forks, stop
-conditions, jump-forward, finishing and streaming deltas. Runs on the thread that steps."""
+conditions, jump-forward, finishing and streaming deltas. Runs on the thread that steps.
+
+Built from narrow parts: the request tracker (groups, pending grammars, counters), the
+scheduler (queues, page release, prefix-cache insertion), the request builder (new
+completions), the tokenizer (jump-forward drafts), the stop token ids and the context length.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-from runtime.detokenizer import OutputText
 from runtime.request import Request, RequestGroup
+from runtime.request_builder import RequestBuilder
+from runtime.request_tracker import RequestTracker
 from runtime.sampler import RowSpec, sample
-from runtime.scheduler import ScheduledItem
-
-if TYPE_CHECKING:
-    from runtime.engine import Engine
+from runtime.scheduler import ScheduledItem, Scheduler
 
 
 class OutputProcessor:
-    def __init__(self, engine: "Engine"):
-        self.e = engine
+    def __init__(self, tracker: RequestTracker, scheduler: Scheduler, builder: RequestBuilder,
+                 tokenizer: Any, eos_ids: set[int], max_context: int):
+        self.tracker = tracker
+        self.scheduler = scheduler
+        self.builder = builder
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.max_context = max_context
 
     # ---- intake -----------------------------------------------------------------------
-    def prepare(self, group: RequestGroup) -> None:
-        """Validate and start compiling the group's constraint (caller thread)."""
-        p = group.params
-        if not p.has_constraint:
-            return
-        from runtime.grammar.constraints import constraint_from_params
-
-        c = constraint_from_params(json_schema=p.json_schema, regex=p.regex, choices=p.choices,
-                                   grammar=p.grammar, value_type=p.value_type,
-                                   json_indent=p.json_indent)
-        group.grammar = self.e.grammar_cache().submit(c)
-
-    def new_request(self, group: RequestGroup, index: int) -> Request:
-        p = group.params
-        matcher = None
-        if group.grammar is not None:
-            matcher = group.grammar.result().new_matcher()
-        return Request(group, index,
-                       OutputText(self.e.tokenizer, p.stop, p.include_stop_str_in_output,
-                                  p.skip_special_tokens),
-                       self.e.new_generator(p.seed, index), matcher,
-                       logprobs=[] if p.logprobs is not None else None)
-
     def add(self, group: RequestGroup) -> None:
-        self.e._groups[group.rid] = group
-        self.e.counters["prompt_tokens"] += len(group.prompt_ids)
-        if isinstance(group.grammar, Future) and not group.grammar.done():
-            self.e._pending_grammar.append(group)
-        else:
+        """A submitted group: queued now, or once its grammar has compiled."""
+        if self.tracker.register(group):
             self._start(group)
 
     def admit_ready_grammars(self) -> None:
-        for g in [g for g in self.e._pending_grammar if g.grammar.done()]:
-            self.e._pending_grammar.remove(g)
+        for g in self.tracker.take_ready():
             self._start(g)
 
     def _start(self, group: RequestGroup) -> None:
         try:
-            req = self.new_request(group, 0)
+            req = self.builder.request(group, 0)
         except Exception as exc:  # grammar compilation failed
-            req = Request(group, 0, OutputText(self.e.tokenizer), None)
+            req = self.builder.placeholder(group)
             group.children.append(req)
             self.finish(req, "abort", error=f"constraint: {exc}")
             return
         group.children.append(req)
-        self.e.scheduler.add(req)
+        self.scheduler.add(req)
 
     # ---- the step's outputs ---------------------------------------------------------------
     def process(self, items: Sequence[ScheduledItem], logits: torch.Tensor) -> None:
@@ -87,7 +68,7 @@ class OutputProcessor:
             if req.group.logprob_start is not None:
                 self._prompt_logprobs(it, logits[rows.start:rows.stop])
             if len(it.tokens) > 1 and it.start < len(req.prompt_ids):
-                self.e.scheduler.cache_computed(req)
+                self.scheduler.cache_computed(req)
             if not it.completes:
                 continue
             touched.append(req)
@@ -128,13 +109,9 @@ class OutputProcessor:
         tables = req.page_table.fork(g.params.n - 1)
         siblings = []
         for i, table in enumerate(tables, start=1):
-            sib = self.new_request(g, i)
-            sib.page_table, sib.num_computed = table, req.num_computed
-            if req.lock_node is not None:
-                self.e.cache.lock(req.lock_node)
-                sib.lock_node = req.lock_node
+            sib = self.builder.request(g, i)
             g.children.append(sib)
-            self.e.scheduler.adopt_running(sib)
+            self.scheduler.adopt_fork(req, sib, table)
             siblings.append(sib)
         return [req] + siblings
 
@@ -143,7 +120,7 @@ class OutputProcessor:
         output = req.output_ids + list(extra_output) if extra_output else req.output_ids
         banned: list[int] = []
         if len(output) < p.min_tokens:
-            banned = sorted(self.e.eos_ids | set(p.stop_token_ids))
+            banned = sorted(self.eos_ids | set(p.stop_token_ids))
         return RowSpec(p, req.generator, req.prompt_ids, output, banned, req.matcher,
                        p.logprobs)
 
@@ -158,7 +135,7 @@ class OutputProcessor:
         req.output_ids.append(tok)
         if req.logprobs is not None:
             req.logprobs.append(lp)
-        self.e.counters["generated_tokens"] += 1
+        self.tracker.count_generated()
         stop = req.out.append(tok)
         if req.matcher is not None and not matcher_accepted:
             accepted = req.matcher.accept_token(tok)
@@ -173,7 +150,7 @@ class OutputProcessor:
             # Exact jump-forward: the grammar's forced text becomes a draft that the next
             # step runs in one extend and verifies against the model's own choices.
             budget = req.params.max_tokens - len(req.output_ids)
-            req.draft = draft_tokens(req.matcher, self.e.tokenizer, max_tokens=min(32, budget))
+            req.draft = draft_tokens(req.matcher, self.tokenizer, max_tokens=min(32, budget))
         return False
 
     def _verify_draft(self, req: Request, logits: torch.Tensor, start: int) -> None:
@@ -202,13 +179,13 @@ class OutputProcessor:
         p = req.params
         if stop is not None:
             self.finish(req, "stop", stop)
-        elif tok is not None and tok in self.e.eos_ids and not p.ignore_eos:
+        elif tok is not None and tok in self.eos_ids and not p.ignore_eos:
             self.finish(req, "stop", tok)
         elif tok is not None and tok in p.stop_token_ids:
             self.finish(req, "stop", tok)
         elif grammar_state and req.matcher is not None and req.matcher.is_terminated():
             self.finish(req, "stop")
-        elif len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.e.max_context:
+        elif len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.max_context:
             self.finish(req, "length")
         else:
             return False
@@ -219,37 +196,34 @@ class OutputProcessor:
         if req.finish_reason is not None:
             return
         req.finish_reason, req.matched_stop = reason, matched
-        self.e.scheduler.remove(req)
+        self.scheduler.remove(req)
         g = req.group
         if error:
             g.error = error
         if g.finished:
             g.finish_time = time.perf_counter()
-            self.e.counters["requests_finished"] += 1
-            self.e._groups.pop(g.rid, None)
-            if g in self.e._pending_grammar:
-                self.e._pending_grammar.remove(g)
+            self.tracker.retire(g)
             self._emit([req])
             if g.on_finish is not None:
                 g.on_finish(g)
 
     def abort(self, rid: str) -> None:
-        g = self.e._groups.get(rid)
+        """Finish every completion of group ``rid`` with ``"abort"`` (no-op if unknown)."""
+        g = self.tracker.get(rid)
         if g is None:
             return
         if not g.children:                     # still compiling its grammar
-            self._start_aborted(g)
+            self.tracker.stop_waiting(g)
+            g.children.append(self.builder.placeholder(g))
         for r in list(g.children):
             self.finish(r, "abort")
 
-    def _start_aborted(self, g: RequestGroup) -> None:
-        if g in self.e._pending_grammar:
-            self.e._pending_grammar.remove(g)
-        g.children.append(Request(g, 0, OutputText(self.e.tokenizer), None))
-
     def fail_all(self, message: str) -> None:
-        for rid in list(self.e._groups):
-            g = self.e._groups[rid]
+        """Abort every live group with ``error=message`` (the engine loop hit an error)."""
+        for rid in self.tracker.rids():
+            g = self.tracker.get(rid)
+            if g is None:                      # finished while an earlier one was aborted
+                continue
             g.error = message
             self.abort(rid)
 

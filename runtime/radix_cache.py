@@ -13,6 +13,10 @@ and the tree, which holds exactly one reference per page that a tree node owns.
   matching decrefs, after which the request holds no reference to any of its pages.
 * ``evict`` drops the tree's reference of the least recently used unlocked leaves.
 
+Keys: token ids are checked once where they enter (:class:`TokenKey`); a ``TokenKey`` is
+trusted, anything else is checked on each call. Eviction takes the least recently used
+unlocked leaf from a :class:`LeafQueue` (O(log n)), never walking the tree.
+
 Page alignment: with ``page_size > 1`` every edge holds whole pages, so matches and inserts
 cover ``len(tokens) // page_size * page_size`` tokens at most; a partially filled trailing
 page is never shared through the tree. Namespaces (e.g. ``(model_id, kv_dtype, salt)``) get
@@ -21,70 +25,15 @@ separate roots, so equal tokens in different namespaces never share pages.
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import numbers
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from runtime.page_allocator import PageAllocator
+from runtime.radix_lru import LeafQueue
+from runtime.radix_node import (CacheStats, MatchResult, TokenKey, TreeNode, check_namespace,
+                                check_tree, subtree)
 
-
-@dataclass(eq=False)
-class TreeNode:
-    """One edge of the tree: ``key`` tokens whose KV lives in ``pages``
-    (``len(pages) * page_size == len(key)``; ``page_size == 1``: one page per token)."""
-
-    key: tuple[int, ...]
-    pages: list[int]
-    parent: TreeNode | None = field(repr=False)
-    last_access: int = 0
-    lock_ref: int = 0      # direct locks on this node + locks of every descendant
-    alive: bool = True     # False once evicted or reset
-    namespace: Hashable = None  # set on roots only
-    children: dict[tuple[int, ...], TreeNode] = field(default_factory=dict, repr=False)
-
-
-class MatchResult(NamedTuple):
-    length: int        # matched tokens (multiple of page_size)
-    pages: list[int]   # length // page_size pages, not increfed
-    node: TreeNode     # deepest matched node (the namespace root on a miss); lock it to keep pages
-
-
-@dataclass
-class CacheStats:
-    queried_tokens: int = 0   # tokens passed to match_prefix
-    hit_tokens: int = 0       # of those, tokens found in the cache
-    evicted_pages: int = 0    # pages whose tree reference evict() dropped
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
-
-
-def _as_key(tokens: object, op: str) -> tuple[int, ...]:
-    """Validate and normalise a token key (non-empty sequence of non-negative ints)."""
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
-        raise ValueError(
-            f"{op}: tokens must be a sequence of int token ids, got {type(tokens).__name__}"
-            " (convert tensors with .tolist())"
-        )
-    if len(tokens) == 0:
-        raise ValueError(f"{op}: tokens is empty")
-    key = []
-    for t in tokens:
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-            raise ValueError(f"{op}: tokens must be non-negative ints, got {t!r}")
-        key.append(int(t))
-    return tuple(key)
-
-
-def _check_namespace(namespace: object, op: str) -> None:
-    try:
-        hash(namespace)
-    except TypeError:
-        raise ValueError(f"{op}: namespace must be hashable, got {type(namespace).__name__}")
+__all__ = ["CacheStats", "MatchResult", "RadixCache", "TokenKey", "TreeNode"]
 
 
 class RadixCache:
@@ -102,6 +51,7 @@ class RadixCache:
         self._evictable = 0             # pages of nodes with lock_ref == 0
         self._protected = 0             # pages of nodes with lock_ref > 0
         self._clock = itertools.count(1)
+        self._lru = LeafQueue()         # the evictable leaves, least recently used first
 
     # ---- lookup / insert ---------------------------------------------------------------
     def match_prefix(
@@ -112,8 +62,8 @@ class RadixCache:
         Splits the node when the match ends inside its edge and marks every node on the path
         as just used (LRU). Takes no reference: see the module docstring. ``record=False``
         leaves the hit statistics alone (for a re-match of the same request)."""
-        key = _as_key(tokens, "match_prefix")
-        _check_namespace(namespace, "match_prefix")
+        key = TokenKey.check(tokens, "match_prefix")
+        check_namespace(namespace, "match_prefix")
         node = self._root(namespace)
         length, pages = 0, []
         if self.enabled:
@@ -134,8 +84,8 @@ class RadixCache:
         With the cache disabled nothing is adopted and the return value is ``n`` (everything
         counts as a duplicate), so the same decref rule frees every page.
         ``release_into_cache`` does all of this in one call."""
-        key = _as_key(tokens, "insert")
-        _check_namespace(namespace, "insert")
+        key = TokenKey.check(tokens, "insert")
+        check_namespace(namespace, "insert")
         pages = list(pages)
         ps = self.page_size
         n = len(key) // ps * ps
@@ -159,6 +109,7 @@ class RadixCache:
             node.children[leaf.key[:ps]] = leaf
             self._owned.update(new)
             self._evictable += len(new)
+            self._lru.offer(leaf)
         return cached
 
     def release_into_cache(
@@ -171,7 +122,7 @@ class RadixCache:
 
         Validates before changing anything: ``pages`` must be distinct pages the caller holds a
         reference to (a page the tree owns needs the tree's reference plus the caller's)."""
-        key = _as_key(tokens, "release_into_cache")
+        key = TokenKey.check(tokens, "release_into_cache")
         pages = list(pages)
         ps = self.page_size
         if len(pages) < -(-len(key) // ps):
@@ -214,6 +165,7 @@ class RadixCache:
             if node.lock_ref == 0 and node.parent is not None:
                 self._evictable += len(node.pages)
                 self._protected -= len(node.pages)
+                self._lru.offer(node)
             node = node.parent
 
     # ---- eviction ------------------------------------------------------------------------
@@ -233,9 +185,10 @@ class RadixCache:
     def reset(self) -> None:
         """Drop the whole tree (locks included) and the statistics. For tests."""
         for root in self._roots.values():
-            for node in self._subtree(root):
+            for node in subtree(root):
                 node.alive = False
         self.allocator.decref(self._owned)
+        self._lru.clear()
         self._roots.clear()
         self._owned.clear()
         self._evictable = self._protected = 0
@@ -279,31 +232,14 @@ class RadixCache:
 
     def check_integrity(self) -> None:
         """Assert every structural invariant (cheap: one pass over the tree)."""
-        ps = self.page_size
-        seen: set[int] = set()
-        evictable = protected = 0
         for ns, root in self._roots.items():
-            assert root.parent is None and root.key == () and root.pages == [], "bad root"
-            assert root.alive and root.namespace == ns, "root/namespace mismatch"
-            for node in self._subtree(root):
-                assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), (
-                    "lock_ref smaller than the children's"
-                )
-                for k, c in node.children.items():
-                    assert c.parent is node and c.alive, "broken parent link"
-                    assert len(c.key) > 0 and len(c.key) % ps == 0, "edge not page-aligned"
-                    assert k == c.key[:ps], "child stored under a wrong key"
-                    assert len(c.pages) * ps == len(c.key), "edge length != pages * page_size"
-                    for p in c.pages:
-                        assert p not in seen, f"page {p} owned twice"
-                        assert self.allocator.refcount(p) >= 1, f"tree page {p} is free"
-                        seen.add(p)
-                    if c.lock_ref > 0:
-                        protected += len(c.pages)
-                    else:
-                        evictable += len(c.pages)
-        assert seen == self._owned, "owned-page set out of sync with the tree"
-        assert (evictable, protected) == (self._evictable, self._protected), "page counters off"
+            assert root.namespace == ns, "root/namespace mismatch"
+        tree = check_tree(self._roots.values(), self.page_size, self.allocator.refcount)
+        assert tree.owned == self._owned, "owned-page set out of sync with the tree"
+        assert (tree.evictable, tree.protected) == (self._evictable, self._protected), \
+            "page counters off"
+        self._lru.check(n for root in self._roots.values() for n in subtree(root)
+                        if n.parent is not None)
 
     # ---- internals -----------------------------------------------------------------------
     def _root(self, namespace: Hashable) -> TreeNode:
@@ -366,24 +302,12 @@ class RadixCache:
         if self._roots.get(root.namespace) is not root:
             raise ValueError(f"{op}: node belongs to another cache")
 
-    def _subtree(self, root: TreeNode):
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
-
     def _evict(self, num_pages: int | None, count: bool) -> int:
-        heap = [
-            (n.last_access, id(n), n)
-            for root in self._roots.values()
-            for n in self._subtree(root)
-            if n.parent is not None and not n.children and n.lock_ref == 0
-        ]
-        heapq.heapify(heap)
         freed = 0
-        while heap and (num_pages is None or freed < num_pages):
-            _, _, node = heapq.heappop(heap)
+        while num_pages is None or freed < num_pages:
+            node = self._lru.pop()
+            if node is None:
+                break
             parent = node.parent
             del parent.children[node.key[: self.page_size]]
             freed += len(self.allocator.decref(node.pages))
@@ -392,6 +316,5 @@ class RadixCache:
             if count:
                 self.stats.evicted_pages += len(node.pages)
             node.alive, node.parent = False, None
-            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+            self._lru.offer(parent)
         return freed

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +24,11 @@ from runtime.detokenizer import OutputText
 from runtime.outputs import CompletionOutput, RequestOutput, StreamDelta
 from runtime.sampler import TokenLogprob
 from runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.grammar.base import CompiledGrammar, GrammarMatcher
+    from runtime.page_table import PageTable
+    from runtime.radix_node import TreeNode
 
 
 @dataclass(eq=False)
@@ -41,7 +48,7 @@ class RequestGroup:
     prompt_logprobs: list[float | None] | None = None
     error: str | None = None
     on_finish: Callable[["RequestGroup"], None] | None = None
-    grammar: object | None = None         # Future[CompiledGrammar] while compiling, then it
+    grammar: Future[CompiledGrammar] | None = None   # the constraint's compilation, if any
     final_sent: bool = False
 
     @property
@@ -70,11 +77,11 @@ class Request:
     index: int
     out: OutputText
     generator: torch.Generator | None
-    matcher: object | None = None
+    matcher: GrammarMatcher | None = None
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
-    page_table: object | None = None       # runtime.page_table.PageTable while admitted
-    lock_node: object | None = None        # radix node locked while admitted
+    page_table: PageTable | None = None    # while admitted
+    lock_node: TreeNode | None = None      # radix node locked while admitted
     admit_seq: int = -1                    # admission order (preemption picks the newest)
     wait_steps: int = 0                    # steps spent waiting (fairness bound)
     finish_reason: str | None = None

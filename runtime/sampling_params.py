@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.grammar.constraints import CONSTRAINT_FIELDS
+
 
 @dataclass(init=False)
 class SamplingParams:
@@ -75,8 +77,7 @@ class SamplingParams:
 
     @property
     def has_constraint(self) -> bool:
-        return any(getattr(self, k) is not None
-                   for k in ("json_schema", "regex", "choices", "grammar", "value_type"))
+        return any(getattr(self, k) is not None for k in CONSTRAINT_FIELDS)
 
     def _normalize(self) -> None:
         if self.stop is None:

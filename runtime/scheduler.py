@@ -12,6 +12,9 @@ Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_bat
 Out of pages: evict from the radix cache, then preempt the most recently admitted running
 request (its computed KV goes into the cache, it is requeued and recomputed later). A request
 is never dropped; one that cannot fit even alone ends with ``finish_reason="length"``.
+
+Token ids reach the radix cache as ``TokenKey.trusted``: prompts were validated when the
+request was made and sampled ids come from the model, so the cache does not re-check them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import NamedTuple
 
 from runtime.page_allocator import OutOfPagesError, PageAllocator
 from runtime.page_table import PageTable, PageTableStats
-from runtime.radix_cache import RadixCache
+from runtime.radix_cache import RadixCache, TokenKey
 from runtime.request import Request
 
 
@@ -49,6 +52,14 @@ class ScheduledItem(NamedTuple):
         return self.start + len(self.tokens) == self.req.num_tokens + len(self.req.draft)
 
 
+class Schedule(NamedTuple):
+    """One step's work: ``items`` to run, and ``unfit`` requests that cannot fit in the KV
+    pool even alone — taken out of the queues, holding nothing; the caller finishes them."""
+
+    items: list[ScheduledItem]
+    unfit: list[Request]
+
+
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, allocator: PageAllocator, cache: RadixCache,
                  copy_fn: Callable[[list[int], list[int]], None],
@@ -63,7 +74,6 @@ class Scheduler:
         self.preemptions = 0
         self._admit_counter = 0
         self.on_preempt = on_preempt
-        self.failed: list[Request] = []   # requests that cannot fit even alone (engine finishes them)
 
     # ---- queue -------------------------------------------------------------------------
     def add(self, req: Request, front: bool = False) -> None:
@@ -85,7 +95,7 @@ class Scheduler:
     def release(self, req: Request) -> None:
         """Hand the request's computed KV to the radix cache and unlock its prefix."""
         if req.page_table is not None:
-            computed = req.all_ids[: req.num_computed]
+            computed = TokenKey.trusted(req.all_ids[: req.num_computed])
             pages = req.page_table.detach()
             self.cache.release_into_cache(computed, pages, req.group.namespace)
             req.page_table = None
@@ -101,7 +111,7 @@ class Scheduler:
         if n == 0 or not self.cache.enabled:
             return
         pages = req.page_table.pages[: n // ps]
-        tokens = req.all_ids[:n]
+        tokens = TokenKey.trusted(req.all_ids[:n])
         self.allocator.incref(pages)               # the tree's own reference
         cached = self.cache.insert(tokens, pages, req.group.namespace)
         self.allocator.decref(pages[: cached // ps])
@@ -131,11 +141,16 @@ class Scheduler:
                 if victim is req:
                     return False
 
-    def adopt_running(self, req: Request) -> None:
-        """Add an already-placed request (an n>1 sibling forked from a running one)."""
+    def adopt_fork(self, parent: Request, child: Request, table: PageTable) -> None:
+        """Run ``child``, an n>1 sibling forked from the running ``parent`` at its first sample:
+        it holds ``table`` (a copy-on-write fork of the parent's) and shares its prefix lock."""
+        child.page_table, child.num_computed = table, parent.num_computed
+        if parent.lock_node is not None:
+            self.cache.lock(parent.lock_node)
+            child.lock_node = parent.lock_node
         self._admit_counter += 1
-        req.admit_seq = self._admit_counter
-        self.running.append(req)
+        child.admit_seq = self._admit_counter
+        self.running.append(child)
 
     def preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -149,9 +164,10 @@ class Scheduler:
             self.on_preempt(req)
 
     # ---- the step ----------------------------------------------------------------------
-    def schedule(self) -> list[ScheduledItem]:
+    def schedule(self) -> Schedule:
         budget = self.cfg.max_batch_tokens
         items: list[ScheduledItem] = []
+        unfit: list[Request] = []
         for req in sorted(self.running, key=lambda r: r.admit_seq):
             if req not in self.running or req.num_uncomputed == 0 or budget == 0:
                 continue
@@ -162,7 +178,7 @@ class Scheduler:
                 if req in self.running:              # alone and still no room: cannot fit
                     self.running.remove(req)
                     self.release(req)
-                    self.failed.append(req)
+                    unfit.append(req)
                 continue
             items.append(self._item(req, n))
             budget -= n
@@ -170,7 +186,7 @@ class Scheduler:
         items = [it for it in items if it.req in self.running]
         budget = self.cfg.max_batch_tokens - sum(len(it.tokens) for it in items)
         self._admit(items, budget)
-        return items
+        return Schedule(items, unfit)
 
     def _admit(self, items: list[ScheduledItem], budget: int) -> None:
         for r in self.waiting:
@@ -180,16 +196,19 @@ class Scheduler:
         ps = self.cfg.page_size
         keyed = []
         for r in self.waiting:
-            m = self.cache.match_prefix(r.all_ids, r.group.namespace, record=False)
+            m = self.cache.match_prefix(TokenKey.trusted(r.all_ids), r.group.namespace,
+                                        record=False)
             starving = r.wait_steps >= self.cfg.max_wait_steps
-            keyed.append((not starving, -m.length if not starving else 0, r))
+            keyed.append((not starving, -m.length if not starving else 0, r, m))
         keyed.sort(key=lambda t: (t[0], t[1]))   # stable: FIFO among equals
         inflight = [it.req for it in items if not it.completes] + \
                    [r for r in self.running if r.num_uncomputed > 1]
-        for _, _, req in keyed:
+        for _, _, req, m in keyed:
             if budget <= 0 or len(self.running) >= self.cfg.max_running:
                 break
-            m = self.cache.match_prefix(req.all_ids, req.group.namespace, record=False)
+            if not m.node.alive:    # an earlier admission evicted it: the match is stale
+                m = self.cache.match_prefix(TokenKey.trusted(req.all_ids), req.group.namespace,
+                                            record=False)
             limit = (req.num_tokens - 1) // ps * ps
             if req.group.logprob_start is not None:
                 limit = min(limit, max(0, req.group.logprob_start - 1) // ps * ps)

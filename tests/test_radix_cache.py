@@ -1,10 +1,13 @@
 """Unit tests of the radix prefix cache: splits, LRU, locks, namespaces, ownership, bad input."""
 
+import random
+
 import pytest
 
 from runtime.page_allocator import PageAllocator, PageRefError
 from runtime.page_table import PageTable
-from runtime.radix_cache import RadixCache
+from runtime.radix_cache import RadixCache, TokenKey
+from runtime.radix_node import subtree
 
 
 def nocopy(src, dst):
@@ -306,3 +309,45 @@ def test_evict_bad_argument():
     alloc, cache = make()
     with pytest.raises(ValueError, match="num_pages"):
         cache.evict(-1)
+
+
+# ---- the LRU queue against a brute-force oracle ---------------------------------------------
+@pytest.mark.parametrize("seed", range(4))
+def test_each_eviction_takes_the_least_recently_used_unlocked_leaf(seed):
+    rng = random.Random(seed)
+    alloc, cache = make(page_size=2, num_pages=2000)
+    locked = []
+    for _ in range(800):
+        op = rng.random()
+        key = [rng.randrange(3) for _ in range(rng.randrange(1, 14))]
+        if op < 0.35 and alloc.num_free >= 7:
+            cache_request(cache, key, namespace=rng.choice(["a", "b"]))
+        elif op < 0.55:
+            cache.match_prefix(key, rng.choice(["a", "b"]))
+        elif op < 0.65:
+            node = cache.match_prefix(key, rng.choice(["a", "b"])).node
+            cache.lock(node)
+            locked.append(node)
+        elif op < 0.75 and locked:
+            cache.unlock(locked.pop(rng.randrange(len(locked))))
+        else:
+            leaves = [n for r in cache.roots().values() for n in subtree(r) if n.evictable]
+            if leaves:
+                oldest = min(leaves, key=lambda n: n.last_access)
+                assert cache.evict(1) >= 1
+                assert [n for n in leaves if not n.alive] == [oldest]
+        cache.check_integrity()
+    for node in locked:
+        cache.unlock(node)
+    cache.flush()
+    assert alloc.num_free == alloc.num_pages
+
+
+def test_token_keys_are_checked_once():
+    _, cache = make()
+    key = TokenKey.check([1, 2, 3], "test")
+    assert TokenKey.check(key, "test") is key and TokenKey.trusted([1, 2]) == (1, 2)
+    cache_request(cache, [1, 2, 3])
+    assert cache.match_prefix(key).length == 3
+    with pytest.raises(ValueError, match="test: tokens must be non-negative ints"):
+        TokenKey.check([1, -2], "test")

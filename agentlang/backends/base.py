@@ -45,7 +45,7 @@ class GenResult(NamedTuple):
     token_logprobs: list | None = None  # [(logprob, token_id, top: list[(token_id, logprob)])]
 
 
-class StreamDelta(NamedTuple):
+class GenDelta(NamedTuple):
     text: str                         # newly generated text
     result: GenResult | None = None   # set on the last delta only
 
@@ -78,10 +78,10 @@ class Backend(ABC):
     def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
         """One completion of ``prompt`` under fully resolved ``opts``."""
 
-    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[StreamDelta]:
+    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[GenDelta]:
         """Incremental generation; default: the whole result as one delta."""
         result = self.generate(prompt, opts)
-        yield StreamDelta(result.text, result)
+        yield GenDelta(result.text, result)
 
     def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
         """Per-token logprobs of each continuation after ``prefix`` (prefix computed once)."""

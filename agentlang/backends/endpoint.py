@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from agentlang.backends.base import Backend, Capabilities, GenResult, Prompt, StreamDelta
+from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt
 from agentlang.chat_template import ChatTemplate, derive_chat_template
 from agentlang.sampling import SamplingOptions
 
@@ -79,7 +79,7 @@ class RuntimeEndpoint(Backend):
     def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
         return self._result(self._post("/generate", self.payload(prompt.text, opts, False)))
 
-    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[StreamDelta]:
+    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[GenDelta]:
         seen = 0
         with self.client.stream("POST", "/generate",
                                 json=self.payload(prompt.text, opts, True)) as r:
@@ -96,11 +96,11 @@ class RuntimeEndpoint(Backend):
                     raise EndpointError(f"/generate stream: {last['error']}")
                 text = last.get("text", "")
                 if len(text) > seen:
-                    yield StreamDelta(text[seen:])
+                    yield GenDelta(text[seen:])
                     seen = len(text)
             if last is None:
                 raise EndpointError("/generate stream ended without any data")
-            yield StreamDelta("", self._result(last))
+            yield GenDelta("", self._result(last))
 
     def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
         if prefix:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from agentlang.backends.base import Backend, Capabilities, GenResult, Prompt, StreamDelta
+from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt
 from agentlang.backends.mock_values import sample_grammar, sample_json, sample_regex
 from agentlang.chat_template import ChatTemplate, chatml
 from agentlang.sampling import SamplingOptions
@@ -78,7 +78,7 @@ class Mock(Backend):
         finally:
             self._leave()
 
-    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[StreamDelta]:
+    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[GenDelta]:
         self._record("stream", prompt.text, opts)
         result = self._complete(prompt.text, opts)
         text = result.text
@@ -86,9 +86,9 @@ class Mock(Backend):
             if self.delay_s:
                 time.sleep(self.delay_s)
             last = i + self.chunk_size >= len(text)
-            yield StreamDelta(text[i:i + self.chunk_size], result if last else None)
+            yield GenDelta(text[i:i + self.chunk_size], result if last else None)
         if not text:
-            yield StreamDelta("", result)
+            yield GenDelta("", result)
 
     def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
         self._record("score", prefix, tuple(continuations))

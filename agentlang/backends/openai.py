@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from agentlang.backends.base import (Backend, Capabilities, GenResult, Prompt, StreamDelta,
+from agentlang.backends.base import (Backend, Capabilities, GenDelta, GenResult, Prompt,
                                      UnsupportedFeatureError)
 from agentlang.chat_template import ChatTemplate, chatml
 from agentlang.sampling import SamplingOptions
@@ -101,7 +101,7 @@ class OpenAI(Backend):
         return GenResult(text, "length" if choice.finish_reason == "length" else "stop", None,
                          self._meta(resp), logprobs)
 
-    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[StreamDelta]:
+    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[GenDelta]:
         args = self._request(prompt, opts)
         text, finish = "", "stop"
         create = (self.client.completions.create if self.api == "completions"
@@ -113,10 +113,10 @@ class OpenAI(Backend):
             piece = choice.text if self.api == "completions" else (choice.delta.content or "")
             if piece:
                 text += piece
-                yield StreamDelta(piece)
+                yield GenDelta(piece)
             if choice.finish_reason:
                 finish = "length" if choice.finish_reason == "length" else "stop"
-        yield StreamDelta("", GenResult(text, finish, None, {}, None))
+        yield GenDelta("", GenResult(text, finish, None, {}, None))
 
     @staticmethod
     def _meta(resp: Any) -> dict:

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from agentlang.backends.base import Backend, Capabilities, GenResult, Prompt, StreamDelta
+from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt
 from agentlang.chat_template import ChatTemplate, derive_chat_template
 from agentlang.sampling import SamplingOptions
 
@@ -52,9 +52,9 @@ class Runtime(Backend):
         out = self.engine.generate(prompt.text, self.sampling_params(opts))
         return self._result(out)
 
-    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[StreamDelta]:
+    def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[GenDelta]:
         for d in self.engine.generate_stream(prompt.text, self.sampling_params(opts)):
-            yield StreamDelta(d.text, self._result(d.output) if d.output is not None else None)
+            yield GenDelta(d.text, self._result(d.output) if d.output is not None else None)
 
     def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
         if prefix:

@@ -36,13 +36,13 @@ class AttentionBackend(Protocol):
         """Copy pages ``src[i] -> dst[i]`` in every layer (copy-on-write)."""
 
 
-BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
 def make_backend(name: str, device: torch.device) -> AttentionBackend:
     """``auto`` picks ``triton`` on CUDA and ``torch`` elsewhere."""
-    if name not in BACKENDS:
-        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":

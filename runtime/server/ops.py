@@ -24,7 +24,9 @@ async def health(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     state: ServerState = request.app.state.server
-    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    # off the event loop: the engine's figures are read under its step lock
+    body = await asyncio.to_thread(state.metrics.render)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/get_model_info")

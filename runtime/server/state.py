@@ -113,12 +113,11 @@ class ServerState:
         ``param``, or ``prefix + <engine field>`` when ``param`` is None."""
         if not params.has_constraint:
             return
-        from runtime.grammar.constraints import constraint_from_params
+        from runtime.grammar.constraints import CONSTRAINT_FIELDS, constraint_from_params
 
-        names = ("json_schema", "regex", "choices", "grammar", "value_type")
         try:
             c = constraint_from_params(json_indent=params.json_indent,
-                                       **{k: getattr(params, k) for k in names})
+                                       **{k: getattr(params, k) for k in CONSTRAINT_FIELDS})
             if self._grammar_lock is None:
                 self._grammar_lock = asyncio.Lock()
             async with self._grammar_lock:       # the first call builds the backend's vocab

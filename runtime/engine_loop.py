@@ -1,0 +1,106 @@
+"""The thread discipline of the engine: one stepping thread touches engine state.
+
+Callers on any thread :meth:`StepLoop.post` changes (submissions, aborts, unpins) to an inbox
+that the step drains first, under :attr:`StepLoop.lock`. Until :meth:`StepLoop.start` the
+blocking caller steps the engine itself; afterwards a daemon thread does. The thread holds
+the engine's ``step`` only weakly between turns, so an engine nobody references any more is
+collected and its loop ends; at interpreter exit the loop stops cleanly (no thread is left
+inside a torch op while the process tears down).
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+
+
+class StepLoop:
+    """``step()`` runs one engine step and returns whether work remains; ``on_error(exc)``
+    is called when a background step raises (the loop keeps serving)."""
+
+    def __init__(self, step: Callable[[], bool], on_error: Callable[[Exception], None]):
+        self._step = weakref.WeakMethod(step)
+        self._on_error = weakref.WeakMethod(on_error)
+        self.lock = threading.RLock()      # held for a whole step
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    @property
+    def running(self) -> bool:
+        """Whether the background thread steps the engine (else the caller must)."""
+        return self._thread is not None
+
+    def post(self, change: Callable[[], None]) -> None:
+        """Queue ``change`` for the stepping thread (runs at the start of the next step)."""
+        self._inbox.put(change)
+        self._wake.set()
+
+    def drain(self) -> None:
+        """Run the queued changes; call with :attr:`lock` held, at the start of a step."""
+        while not self._inbox.empty():
+            self._inbox.get()()
+
+    def run_until(self, done: threading.Event) -> None:
+        """Block until ``done`` is set, stepping the engine here if no thread does."""
+        if self._thread is not None:
+            done.wait()
+            return
+        step = self._step()
+        while step is not None and not done.is_set():
+            step()
+
+    def start(self) -> None:
+        if self._thread is not None:     # fast path: never wait for a running step
+            return
+        with self.lock:
+            if self._thread is not None:
+                return
+            self._stop = False
+            self._thread = threading.Thread(target=_drive, args=(weakref.ref(self),),
+                                            name="agentlang-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+
+    def turn(self) -> bool:
+        """One turn of the background thread; False once the loop should end."""
+        step = self._step()
+        if self._stop or step is None:
+            return False
+        try:
+            busy = step()
+        except Exception as e:  # keep serving: fail the running requests, not the loop
+            on_error = self._on_error()
+            if on_error is not None:
+                on_error(e)
+            busy = False
+        del step
+        if not busy:
+            self._wake.wait(timeout=0.05)
+            self._wake.clear()
+        return True
+
+
+def _drive(ref: "weakref.ref[StepLoop]") -> None:
+    atexit.register(_stop_at_exit, ref)
+    while True:
+        loop = ref()
+        if loop is None or not loop.turn():
+            return
+        del loop
+
+
+def _stop_at_exit(ref: "weakref.ref[StepLoop]") -> None:
+    loop = ref()
+    if loop is not None:
+        loop.shutdown()

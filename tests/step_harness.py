@@ -1,0 +1,121 @@
+"""The engine's step without a model: real scheduler, radix cache, page allocator, request
+tracker, request builder and output processor around a fake model runner whose logits are
+known in advance, so scheduling and output processing are tested in milliseconds."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.output_processor import OutputProcessor
+from runtime.page_allocator import PageAllocator
+from runtime.radix_cache import RadixCache
+from runtime.request import RequestGroup
+from runtime.request_builder import LazyGrammarCache, RequestBuilder
+from runtime.request_tracker import RequestTracker
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import ScheduledItem, Scheduler, SchedulerConfig
+
+VOCAB = 64
+EOS = VOCAB - 1
+
+
+class FakeTokenizer:
+    """Token t is the letter ``chr(ord('a') + t % 26)``; token ``EOS`` is special."""
+
+    eos_token_id = EOS
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(ord("a") + t % 26) for t in ids if not (skip_special_tokens and t == EOS))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) - ord("a") for c in text]
+
+
+def next_token(t: int) -> int:
+    """The fake model's greedy choice after token ``t`` (never EOS unless ``t == EOS - 1``)."""
+    return (t + 1) % VOCAB
+
+
+def expected_tokens(prompt: list[int], n: int) -> list[int]:
+    """The fake model's greedy continuation of ``prompt`` (``n`` tokens, EOS ignored)."""
+    out, t = [], prompt[-1]
+    for _ in range(n):
+        t = next_token(t)
+        out.append(t)
+    return out
+
+
+def greedy(**params) -> SamplingParams:
+    return SamplingParams(temperature=0.0, **params)
+
+
+class FakeRunner:
+    """Stands in for ``ModelRunner``: each logits row puts 10.0 on ``next_token`` of the token
+    at its position and -10.0 elsewhere. Records every step's items."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[ScheduledItem]] = []
+
+    def run(self, items: list[ScheduledItem]) -> torch.Tensor:
+        targets = []
+        for it in items:
+            ids = it.req.all_ids + it.req.draft
+            targets += [next_token(ids[it.start + r]) for r in it.logits_rows]
+        logits = torch.full((len(targets), VOCAB), -10.0)   # [rows, V]
+        logits[torch.arange(len(targets)), torch.tensor(targets, dtype=torch.long)] = 10.0
+        self.steps.append(list(items))
+        return logits
+
+
+def _no_grammar():
+    raise AssertionError("this harness compiles no grammars")
+
+
+class StepHarness:
+    def __init__(self, page_size: int = 4, num_pages: int = 256, max_batch_tokens: int = 256,
+                 max_running: int = 16, max_wait_steps: int = 64, min_shared_prefix: int = 32,
+                 max_context: int = 4096):
+        self.allocator = PageAllocator(num_pages)
+        self.cache = RadixCache(self.allocator, page_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(page_size, max_batch_tokens, max_running, max_wait_steps,
+                            min_shared_prefix), self.allocator, self.cache, lambda src, dst: None)
+        self.tracker = RequestTracker()
+        self.tokenizer = FakeTokenizer()
+        self.builder = RequestBuilder(self.tokenizer, VOCAB, max_context,
+                                      num_pages * page_size, ("fake",),
+                                      LazyGrammarCache(_no_grammar), seed=0)
+        self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
+                                         self.tokenizer, {EOS}, max_context)
+        self.runner = FakeRunner()
+        self.num_steps = 0
+
+    def submit(self, ids: list[int], **params) -> RequestGroup:
+        """Add a greedy group (``params`` override ``SamplingParams`` fields)."""
+        group = self.builder.group(list(ids), greedy(**params))
+        self.processor.add(group)
+        return group
+
+    def step(self) -> bool:
+        """The engine's step: schedule → run → process outputs."""
+        self.num_steps += 1
+        self.processor.admit_ready_grammars()
+        batch = self.scheduler.schedule()
+        for req in batch.unfit:
+            self.processor.finish(req, "length", error="request does not fit in the KV pool")
+        if batch.items:
+            self.processor.process(batch.items, self.runner.run(batch.items))
+        return self.scheduler.has_work or self.tracker.num_waiting_grammar > 0
+
+    def run(self, max_steps: int = 1000) -> None:
+        for _ in range(max_steps):
+            if not self.step():
+                return
+        raise AssertionError(f"still busy after {max_steps} steps")
+
+    def assert_no_leak(self) -> None:
+        """Nothing running; after a flush every page is free and the tree is consistent."""
+        assert not self.scheduler.has_work
+        self.cache.check_integrity()
+        self.cache.flush()
+        assert self.allocator.num_free == self.allocator.num_pages
