@@ -41,6 +41,9 @@ class SamplingParams:
     value_type: str | None = None     # "int" | "float" | "bool" | "str"
     json_indent: int | None = None    # None = compact JSON
     jump_forward: bool = True
+    # Constrained output: keep a valid completion within max_tokens (runtime.grammar.budget);
+    # a budget below the shortest valid output is refused at submit.
+    complete_within_budget: bool = True
     cache_salt: str | None = None     # tenant isolation in the prefix cache
 
     def __init__(self, **kwargs: Any):
@@ -135,6 +138,6 @@ class SamplingParams:
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise bad("cache_salt", "must be a string")
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
-                     "jump_forward"):
+                     "jump_forward", "complete_within_budget"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be a boolean")

@@ -28,6 +28,7 @@ from runtime.grammar.schema_support import check_schema_support
 from runtime.grammar.schema_unroll import bound_recursion
 from runtime.grammar.vocab import TokenVocab
 
+DEBUG_STATE = "_debug_print_internal_state"
 _STEPS = re.compile(r"There are (\d+) steps")
 _ITEM = re.compile(r"rule_id=(\d+), sequence_id=(\d+), element_id=(\d+), "
                    r"rule_start_pos=(-?\d+), sub_element_id=(\d+)")
@@ -168,7 +169,8 @@ class XGrammarMatcher(GrammarMatcher):
         return self._m.is_terminated(), tuple((r, s, e, pos - p, u) for r, s, e, p, u in items)
 
     def parser_items(self) -> tuple[int, tuple[tuple[int, int, int, int, int], ...]]:
-        # xgrammar exposes no state id; its debug dump lists the last step's parser items.
-        text = self._m._debug_print_internal_state()
+        # xgrammar (0.2.9) exposes no state id or parser items publicly; its debug dump of the
+        # last step is the only view. A third-party method, named here once (DEBUG_STATE).
+        text = getattr(self._m, DEBUG_STATE)()
         steps = int(_STEPS.search(text).group(1))
         return steps - 1, tuple(tuple(map(int, item)) for item in _ITEM.findall(text))

@@ -148,7 +148,10 @@ async def generate(request: Request):
     req = await parse_body(request, GenerateRequest)
     single, prompts = _prompt_ids(state, req.text, req.input_ids)
     params = [_params(state, req, len(ids)) for ids in prompts]
-    await state.compile_constraint(params[0], None, "sampling_params.")
+    await state.compile_constraint(params[0], None, "sampling_params.",
+                                   budget_param="sampling_params.max_new_tokens"
+                                   if "max_new_tokens" in (req.sampling_params or {})
+                                   else "sampling_params.max_tokens")
     rid = f"gen-{uuid.uuid4().hex}"
     if req.stream:
         if not single:
