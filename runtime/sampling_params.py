@@ -39,6 +39,7 @@ class SamplingParams:
     choices: list[str] | None = None
     grammar: str | None = None        # Lark grammar
     value_type: str | None = None     # "int" | "float" | "bool" | "str"
+    tool_calls: list[dict] | None = None  # [{"name", "parameters"}]: text with valid calls
     json_indent: int | None = None    # None = compact JSON
     jump_forward: bool = True
     # Constrained output: keep a valid completion within max_tokens (runtime.grammar.budget);

@@ -113,3 +113,53 @@ def test_budget_below_minimum_names_the_field(backends, backend):
     assert check_budget(compiled, minimum, "max_tokens", "regex") == minimum
     with pytest.raises(BudgetTooSmall, match=rf"max_new_tokens: {minimum - 1} .* >= {minimum}"):
         check_budget(compiled, minimum - 1, "max_new_tokens", "regex")
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"]}
+TOOLS = [{"name": "get_weather", "parameters": WEATHER},
+         {"name": "add", "parameters": {"type": "object", "properties": {
+             "a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_started_tool_call_is_always_valid(backends, tokenizer, seed):
+    """tool_choice="auto": free text until ``<tool_call>``, then a valid call of one of the
+    tools, even when the budget runs out inside the call."""
+    from runtime.server.tools import ToolPlan, ToolSpec
+
+    compiled = backends["xgrammar"].compile(constraint_from_params(tool_calls=TOOLS))
+    rng = random.Random(seed)
+    prefix = "Let me check. <tool_call>"
+    m = compiled.new_matcher()
+    guard = BudgetGuard(compiled, m)
+    ids = tokenizer.encode(prefix, add_special_tokens=False)
+    for t in ids:                                  # the model starting a call
+        assert m.accept_token(t)
+        guard.settle(m, t, 100)
+    budget = len(guard.plan) + rng.randint(0, 12)
+    row = torch.zeros(1, bitmask_width(VOCAB_SIZE), dtype=torch.int32)
+    out: list[int] = []
+    while len(out) < budget and not m.is_terminated():
+        m.fill_mask(row, 0)
+        tok = rng.choice(bitmask_row_ids(row[0], VOCAB_SIZE))
+        assert m.accept_token(tok)
+        tok = guard.settle(m, tok, budget - len(out) - 1).token
+        if tok in m.vocab.stop_ids:
+            break
+        out.append(tok)
+    text = prefix + tokenizer.decode(out)
+    plan = ToolPlan("auto", tuple(ToolSpec(t["name"], None, t["parameters"]) for t in TOOLS))
+    parsed = plan.parse(text)
+    assert parsed is not None, text
+    for call in parsed[0]:
+        spec = next(t for t in TOOLS if t["name"] == call["function"]["name"])
+        jsonschema.validate(json.loads(call["function"]["arguments"]), spec["parameters"])
+
+
+def test_tool_calls_constraint_errors_name_the_field(backends):
+    with pytest.raises(ValueError, match="tool_calls: item 0 needs a non-empty string name"):
+        constraint_from_params(tool_calls=[{"parameters": {}}])
+    with pytest.raises(ValueError, match="tool_calls: .*outlines"):
+        backends["outlines"].compile(constraint_from_params(tool_calls=TOOLS))

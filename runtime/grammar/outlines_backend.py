@@ -92,6 +92,9 @@ class OutlinesBackend(GrammarBackend):
         if c.kind == "grammar":
             raise ValueError("grammar: Lark grammars are not supported by the outlines backend "
                              "(use the xgrammar backend)")
+        if c.kind == "tool_calls":
+            raise ValueError("tool_calls: constrained tool calls in free text are not supported "
+                             "by the outlines backend (use the xgrammar backend)")
         if c.kind == "regex":
             return strip_anchors(c.spec)
         if c.kind == "type":

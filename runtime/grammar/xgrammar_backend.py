@@ -21,7 +21,7 @@ from runtime.grammar.base import (
     ids_to_bitmask_row,
 )
 from runtime.grammar.completion import ShortestCompletion, TokenTable
-from runtime.grammar.constraints import Constraint
+from runtime.grammar.constraints import TOOL_CALL_TRIGGER, Constraint
 from runtime.grammar.lark_ebnf import lark_to_ebnf
 from runtime.grammar.regex_ebnf import ebnf_string
 from runtime.grammar.schema_support import check_schema_support
@@ -33,7 +33,7 @@ _STEPS = re.compile(r"There are (\d+) steps")
 _ITEM = re.compile(r"rule_id=(\d+), sequence_id=(\d+), element_id=(\d+), "
                    r"rule_start_pos=(-?\d+), sub_element_id=(\d+)")
 _FIELD = {"json_schema": "json_schema", "regex": "regex", "choices": "choices",
-          "grammar": "grammar", "type": "value_type"}
+          "grammar": "grammar", "type": "value_type", "tool_calls": "tool_calls"}
 
 
 class XGrammarBackend(GrammarBackend):
@@ -88,6 +88,14 @@ class XGrammarBackend(GrammarBackend):
         if c.kind == "choices":
             alts = " | ".join(f"({ebnf_string(s)})" for s in c.choice_list())
             return self._compiler.compile_grammar(f"root ::= {alts}\n")
+        if c.kind == "tool_calls":
+            import xgrammar as xgr
+
+            tags = [xgr.StructuralTagItem(
+                begin=f'{TOOL_CALL_TRIGGER}{{"name": {json.dumps(t["name"])}, "arguments": ',
+                schema=json.dumps(bound_recursion(t["parameters"])), end="}</tool_call>")
+                for t in c.tools()]
+            return self._compiler.compile_structural_tag(tags, [TOOL_CALL_TRIGGER])
         assert c.kind == "grammar", c.kind
         return self._compiler.compile_grammar(lark_to_ebnf(c.spec))
 
