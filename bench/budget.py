@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 from data.schemas import CALC, SCHEMAS  # noqa: E402
+from data.validity import is_valid  # noqa: E402
 from runtime import Engine, SamplingParams  # noqa: E402
 from runtime.grammar.budget import BudgetGuard, BudgetTooSmall  # noqa: E402
 
@@ -36,25 +36,6 @@ def cases() -> list[tuple[str, dict]]:
     out = [(n, {"json_schema": s}) for n, s, _ in SCHEMAS]
     out += [(f"regex{i}", {"regex": r}) for i, r in enumerate(REGEXES)]
     return out + [("calc", {"grammar": CALC})]
-
-
-def valid(kw: dict, text: str) -> bool:
-    import jsonschema
-    import lark
-
-    if "json_schema" in kw:
-        try:
-            v = jsonschema.validators.validator_for(kw["json_schema"])
-            return v(kw["json_schema"], format_checker=v.FORMAT_CHECKER).is_valid(json.loads(text))
-        except json.JSONDecodeError:
-            return False
-    if "regex" in kw:
-        return re.fullmatch(kw["regex"], text) is not None
-    try:
-        lark.Lark(kw["grammar"]).parse(text)
-        return True
-    except lark.exceptions.LarkError:
-        return False
 
 
 def minimum(eng: Engine, kw: dict) -> int | None:
@@ -89,7 +70,7 @@ def validity(eng: Engine, generations: int, seed: int) -> dict:
         t0 = time.perf_counter()
         outs = eng.generate(prompts, params)
         wall = time.perf_counter() - t0
-        ok = [valid(kw, o.text) for (_, kw, *_), o in zip(jobs, outs)]
+        ok = [is_valid(kw, o.text) for (_, kw, *_), o in zip(jobs, outs)]
         bad = sorted({n for (n, *_), good in zip(jobs, ok) if not good})
         result["on" if flag else "off"] = {
             "valid": sum(ok), "valid_pct": 100 * sum(ok) / len(ok), "wall_s": wall,

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import zlib
 
 import jsonschema
-import lark
 import pytest
 import torch
 
 import data.schemas as S
+from data.validity import is_valid
 from runtime.grammar import BACKENDS, constraint_from_params, make_grammar_backend
 from runtime.grammar.base import bitmask_row_ids, bitmask_width
 from runtime.grammar.budget import BudgetGuard, BudgetTooSmall, check_budget, minimum_tokens
@@ -34,23 +33,6 @@ def cases():
     out += [(f"regex{i}", {"regex": r}) for i, r in enumerate(REGEXES)]
     out += [("calc", {"grammar": S.CALC})]
     return out
-
-
-def is_valid(kw: dict, text: str) -> bool:
-    if "json_schema" in kw:
-        try:  # strict=False: xgrammar lets raw control characters into strings, which a
-            value = json.loads(text, strict=False)  # random walk picks but the guard is not about
-        except json.JSONDecodeError:
-            return False
-        v = jsonschema.validators.validator_for(kw["json_schema"])
-        return v(kw["json_schema"], format_checker=v.FORMAT_CHECKER).is_valid(value)
-    if "regex" in kw:
-        return re.fullmatch(kw["regex"], text) is not None
-    try:
-        lark.Lark(kw["grammar"]).parse(text)
-        return True
-    except lark.exceptions.LarkError:
-        return False
 
 
 def walk(compiled, tokenizer, budget: int, rng: random.Random) -> tuple[str, int]:
@@ -88,8 +70,11 @@ def test_random_walks_stay_valid_at_every_budget(backends, tokenizer, backend, n
     for budget in [minimum, minimum + 1] + [minimum + rng.randint(2, 40) for _ in range(3)]:
         text, f = walk(compiled, tokenizer, budget, rng)
         forced += f
-        assert is_valid(kw, text), (budget, text)
-    assert forced > 0, "random walks at the minimum budget should need forcing"
+        # formats=False: random tokens write dates such as 0000-11-31, which the grammars
+        # allow (no backend enforces the calendar); the guard is about completing the match
+        assert is_valid(kw, text, formats=False), (budget, text)
+    if name in ("nested_address", "array_of_objects", "deep_nesting"):  # free strings: a
+        assert forced > 0, "random walk at the minimum budget must have needed forcing"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
