@@ -18,7 +18,7 @@ from runtime.errors import EngineError, constraint_error
 from runtime.request import Request, RequestGroup
 from runtime.request_builder import RequestBuilder
 from runtime.request_tracker import RequestTracker
-from runtime.sampler import RowSpec, sample
+from runtime.sampler import RowSpec, sample, top_logprobs
 from runtime.scheduler import ScheduledItem, Scheduler
 
 
@@ -88,8 +88,8 @@ class OutputProcessor:
             specs = [self._spec(r) for r in sample_reqs]
             rows_t = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
             tokens, lps = sample(logits.index_select(0, rows_t), specs)
-            for r, tok, lp in zip(sample_reqs, tokens, lps):
-                self._append(r, tok, lp)
+            for r, tok, lp, row in zip(sample_reqs, tokens, lps, sample_rows):
+                self._append(r, tok, lp, raw_logits=logits[row])
         for req, rows, start in drafts:
             self._verify_draft(req, logits[rows.start:rows.stop], start)
         self._emit(touched)
@@ -130,10 +130,18 @@ class OutputProcessor:
                        p.logprobs)
 
     def _append(self, req: Request, tok: int, lp, matcher_accepted: bool = False,
-                last: bool = True) -> bool:
+                last: bool = True, raw_logits: torch.Tensor | None = None) -> bool:
         """Add a sampled token; returns whether the request finished. ``matcher_accepted``:
-        the grammar matcher already consumed it (and, unless ``last``, tokens after it, so
-        its state says nothing about this position)."""
+        the grammar matcher already consumed it and its budget guard settled it (and, unless
+        ``last``, tokens after it, so its state says nothing about this position).
+        ``raw_logits [V]``: the row it was sampled from, for the logprob of a forced token."""
+        if req.matcher is not None and not matcher_accepted:
+            accepted = req.matcher.accept_token(tok)
+            assert accepted, f"grammar rejected sampled token {tok}"
+            settled = self._settle(req, tok, 0)
+            if settled != tok and lp is not None and raw_logits is not None:
+                lp = top_logprobs(torch.log_softmax(raw_logits.float(), -1), settled, len(lp.top))
+            tok = settled
         g = req.group
         if g.first_token_time is None:
             g.first_token_time = time.perf_counter()
@@ -142,9 +150,6 @@ class OutputProcessor:
             req.logprobs.append(lp)
         self.tracker.count_generated()
         stop = req.out.append(tok)
-        if req.matcher is not None and not matcher_accepted:
-            accepted = req.matcher.accept_token(tok)
-            assert accepted, f"grammar rejected sampled token {tok}"
         if self._check_finish(req, tok, stop, grammar_state=last):
             return True
         if not last:
@@ -170,7 +175,8 @@ class OutputProcessor:
             # a copy: the row may be an inference-mode tensor, and sample() bans tokens in place
             return sample(row.clone(), [spec])[0][0]
 
-        accepted = verify_draft(req.matcher, draft, logits, pick)
+        accepted = verify_draft(req.matcher, draft, logits, pick,
+                                lambda i, tok: self._settle(req, tok, i))
         keep = start + len(accepted)                 # last token + matched draft have valid KV
         if req.num_computed > keep:
             req.page_table.truncate(keep)
@@ -179,6 +185,15 @@ class OutputProcessor:
         for i, tok in enumerate(accepted):
             if self._append(req, tok, None, matcher_accepted=True, last=i == len(accepted) - 1):
                 return
+
+    def _settle(self, req: Request, tok: int, ahead: int) -> int:
+        """The budget guard's verdict on ``tok``, just accepted by the matcher as output token
+        ``len(output_ids) + ahead``: ``tok`` itself, or the token forced in its place."""
+        if req.budget is None:
+            return tok
+        n = len(req.output_ids) + ahead + 1                # output tokens including this one
+        left = min(req.params.max_tokens - n, self.max_context - len(req.prompt_ids) - n)
+        return req.budget.settle(req.matcher, tok, left).token
 
     def _check_finish(self, req: Request, tok: int | None, stop: str | None,
                       grammar_state: bool = True) -> bool:

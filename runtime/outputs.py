@@ -16,6 +16,9 @@ class CompletionOutput:
     finish_reason: str | None             # "stop" | "length" | "abort" | None (running)
     matched_stop: str | int | None = None
     logprobs: list[TokenLogprob] | None = None
+    # tokens the budget guard substituted so the output completes within max_tokens
+    # (runtime.grammar.budget); 0 when the model's own tokens fit
+    forced_completion_tokens: int = 0
 
 
 @dataclass

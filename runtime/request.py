@@ -28,6 +28,7 @@ from runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from runtime.grammar.base import CompiledGrammar, GrammarMatcher
+    from runtime.grammar.budget import BudgetGuard
     from runtime.page_table import PageTable
     from runtime.radix_node import TreeNode
 
@@ -116,6 +117,7 @@ class Request:
     matched_stop: str | int | None = None
     logprobs: list[TokenLogprob] | None = None
     passes_saved: int = 0
+    budget: BudgetGuard | None = None      # keeps a constrained output completable in budget
     draft: list[int] = field(default_factory=list)   # jump-forward tokens to verify next step
     preemptions: int = 0
     sent_tokens: int = 0                   # output tokens already streamed
@@ -158,7 +160,8 @@ class Request:
     def completion(self) -> CompletionOutput:
         return CompletionOutput(self.index, self.out.text, list(self.output_ids),
                                 self.finish_reason, self.matched_stop,
-                                None if self.logprobs is None else list(self.logprobs))
+                                None if self.logprobs is None else list(self.logprobs),
+                                0 if self.budget is None else self.budget.forced)
 
     def take_delta(self) -> StreamDelta:
         final = self.finish_reason is not None

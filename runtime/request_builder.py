@@ -110,19 +110,36 @@ class RequestBuilder:
         c = constraint_from_params(json_indent=p.json_indent,
                                    **{k: getattr(p, k) for k in CONSTRAINT_FIELDS})
         group.grammar = self.grammars.get().submit(c)
+        if p.complete_within_budget and not group.prefill_only:
+            from runtime.grammar.budget import check_budget
+
+            # Waits for the compilation: an unsatisfiable constraint or a budget below the
+            # shortest valid output is refused here, before anything is queued. A constraint
+            # the backend cannot compile is reported as before, when the request starts.
+            try:
+                compiled = group.grammar.result()
+            except ValueError:
+                return
+            field = "value_type" if c.kind == "type" else c.kind
+            check_budget(compiled, p.max_tokens, "max_tokens", field)
 
     # ---- requests (stepping thread) ------------------------------------------------------
     def request(self, group: RequestGroup, index: int) -> Request:
         """Completion ``index`` of ``group``. Raises what the grammar compilation raised."""
         p = group.params
-        matcher = None
+        matcher = budget = None
         if group.grammar is not None:
-            matcher = group.grammar.result().new_matcher()
+            compiled = group.grammar.result()
+            matcher = compiled.new_matcher()
+            if p.complete_within_budget:
+                from runtime.grammar.budget import BudgetGuard
+
+                budget = BudgetGuard(compiled, matcher)
         return Request(group, index,
                        OutputText(self.tokenizer, p.stop, p.include_stop_str_in_output,
                                   p.skip_special_tokens),
                        self.generator(p.seed, index), matcher,
-                       logprobs=[] if p.logprobs is not None else None)
+                       logprobs=[] if p.logprobs is not None else None, budget=budget)
 
     def placeholder(self, group: RequestGroup) -> Request:
         """A bare completion 0 for a group that never starts (failed or aborted before its

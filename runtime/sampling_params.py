@@ -44,8 +44,12 @@ class SamplingParams:
     choices: list[str] | None = None
     grammar: str | None = None        # Lark grammar
     value_type: str | None = None     # "int" | "float" | "bool" | "str"
+    tool_calls: list[dict] | None = None  # [{"name", "parameters"}]: text with valid calls
     json_indent: int | None = None    # None = compact JSON
     jump_forward: bool = True
+    # Constrained output: keep a valid completion within max_tokens (runtime.grammar.budget);
+    # a budget below the shortest valid output is refused at submit.
+    complete_within_budget: bool = True
     cache_salt: str | None = None     # tenant isolation in the prefix cache
     priority: int = 0                 # higher first (runtime.priority: range, aging)
     agent: str | None = None          # accounting label (runtime.agent_stats)
@@ -148,6 +152,6 @@ class SamplingParams:
         check_priority(self.priority, "priority")
         check_label(self.agent, "agent")
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
-                     "jump_forward"):
+                     "jump_forward", "complete_within_budget"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be a boolean")

@@ -17,11 +17,16 @@ far is a complete match; accepting one ends the match (``is_terminated()``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.grammar.constraints import Constraint
 from runtime.grammar.vocab import TokenVocab
+
+if TYPE_CHECKING:
+    from runtime.grammar.completion import ShortestCompletion, TokenTable
 
 BACKENDS = ("xgrammar", "outlines")
 
@@ -91,6 +96,24 @@ class GrammarMatcher(ABC):
     def num_accepted(self) -> int:
         """Tokens accepted so far (net of rollbacks)."""
 
+    @abstractmethod
+    def can_end(self) -> bool:
+        """Whether the text accepted so far is a complete match (a stop token is allowed now).
+        Does not change the state."""
+
+    @abstractmethod
+    def state_key(self) -> Hashable:
+        """A hashable summary of the matching state for memoising per-state results (see
+        :mod:`runtime.grammar.completion`). Equal states give equal keys; a backend whose
+        state cannot be summarised exactly may give equal keys to different states (callers
+        verify what they reuse)."""
+
+    def parser_items(self) -> tuple[int, tuple[tuple[int, int, int, int, int], ...]] | None:
+        """For backends whose state is a set of parser items: ``(position, items)`` with each
+        item ``(rule, sequence, element, start position, sub element)``, positions counted in
+        bytes (``position`` is the current step); ``None`` (the default) when :meth:`state_key` is exact."""
+        return None
+
     def allowed_token_ids(self) -> list[int]:
         """The allowed next tokens as a sorted list (for tests and debugging; allocates)."""
         row = torch.zeros(1, bitmask_width(self.vocab.vocab_size), dtype=torch.int32)
@@ -99,9 +122,12 @@ class GrammarMatcher(ABC):
 
 
 class CompiledGrammar(ABC):
-    """A compiled constraint for one vocabulary; immutable and shareable across requests."""
+    """A compiled constraint for one vocabulary; immutable and shareable across requests
+    (``completion`` memoises shortest completions per state, see
+    :mod:`runtime.grammar.completion`)."""
 
     constraint: Constraint
+    completion: ShortestCompletion
 
     @abstractmethod
     def new_matcher(self) -> GrammarMatcher:
@@ -113,6 +139,7 @@ class GrammarBackend(ABC):
 
     name: str
     vocab: TokenVocab
+    token_table: TokenTable  # vocabulary-level tables for shortest completions
 
     @abstractmethod
     def compile(self, constraint: Constraint) -> CompiledGrammar:

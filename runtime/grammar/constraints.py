@@ -23,8 +23,9 @@ REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 
 VALUE_TYPE_REGEX = {"int": REGEX_INT, "float": REGEX_FLOAT, "bool": REGEX_BOOL, "str": REGEX_STR}
-CONSTRAINT_FIELDS = ("json_schema", "regex", "choices", "grammar", "value_type")
-KINDS = ("json_schema", "regex", "choices", "grammar", "type")
+CONSTRAINT_FIELDS = ("json_schema", "regex", "choices", "grammar", "value_type", "tool_calls")
+KINDS = ("json_schema", "regex", "choices", "grammar", "type", "tool_calls")
+TOOL_CALL_TRIGGER = "<tool_call>"
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,10 @@ class Constraint:
     ``kind`` is one of :data:`KINDS`. ``spec`` is canonical text per kind: ``json_schema`` →
     the schema as compact JSON (key order kept: it is the order properties are generated in);
     ``regex`` → the pattern; ``choices`` → a JSON list of the strings; ``grammar`` → the Lark
-    source; ``type`` → the value type name (``int``/``float``/``bool``/``str``).
+    source; ``type`` → the value type name (``int``/``float``/``bool``/``str``);
+    ``tool_calls`` → a JSON list of ``{"name", "parameters"}``: free text in which every
+    ``<tool_call>`` starts a call ``{"name": "<name>", "arguments": <parameters instance>}``
+    closed by ``</tool_call>`` (``tool_choice="auto"``: a started call is always valid).
     ``json_indent`` is only set for ``json_schema``: ``None`` means compact JSON (no whitespace
     at all), an int means pretty-printed with that indent.
     """
@@ -51,6 +55,10 @@ class Constraint:
         assert self.kind == "choices", self.kind
         return json.loads(self.spec)
 
+    def tools(self) -> list[dict]:
+        assert self.kind == "tool_calls", self.kind
+        return json.loads(self.spec)
+
     def type_regex(self) -> str:
         assert self.kind == "type", self.kind
         return VALUE_TYPE_REGEX[self.spec]
@@ -63,6 +71,7 @@ def constraint_from_params(
     grammar: str | None = None,
     value_type: str | None = None,
     json_indent: int | None = None,
+    tool_calls: list[dict] | None = None,
 ) -> Constraint | None:
     """Validate the structured-output fields of a request; ``None`` when none is set.
 
@@ -71,7 +80,8 @@ def constraint_from_params(
     """
     given = [
         name
-        for name, value in zip(CONSTRAINT_FIELDS, (json_schema, regex, choices, grammar, value_type))
+        for name, value in zip(CONSTRAINT_FIELDS,
+                               (json_schema, regex, choices, grammar, value_type, tool_calls))
         if value is not None
     ]
     if len(given) > 1:
@@ -93,6 +103,8 @@ def constraint_from_params(
         return Constraint("choices", _normalize_choices(choices))
     if grammar is not None:
         return Constraint("grammar", _validate_lark(grammar))
+    if tool_calls is not None:
+        return Constraint("tool_calls", _normalize_tools(tool_calls))
     if value_type not in VALUE_TYPE_REGEX:
         raise ValueError(
             f"value_type: unknown type {value_type!r}; accepted: {', '.join(VALUE_TYPE_REGEX)}"
@@ -130,6 +142,18 @@ def _normalize_schema(schema: dict | str | type) -> str:
         return json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"json_schema: not serializable as JSON: {e}") from None
+
+
+def _normalize_tools(tools: list[dict]) -> str:
+    if not isinstance(tools, (list, tuple)) or not tools:
+        raise ValueError("tool_calls: must be a non-empty list of {name, parameters}")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
+            raise ValueError(f"tool_calls: item {i} needs a non-empty string name")
+        params = json.loads(_normalize_schema(t.get("parameters", {"type": "object"})))
+        out.append({"name": t["name"], "parameters": params})
+    return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
 
 
 def _validate_regex(regex: str) -> str:

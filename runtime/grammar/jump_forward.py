@@ -99,6 +99,7 @@ def verify_draft(
     draft: Sequence[int],
     logits: torch.Tensor,
     sample: Callable[[int, torch.Tensor], int],
+    settle: Callable[[int, int], int] | None = None,
 ) -> list[int]:
     """Exact jump-forward: keep the draft tokens the model itself would have produced.
 
@@ -113,7 +114,9 @@ def verify_draft(
     (greedy: identical text) while a matched draft prefix costs no extra forward passes.
     KV entries of draft tokens past ``len(result) - 1`` are stale and must be dropped; the last
     returned token has no KV yet (like any sampled token). Stops early at a stop token or when
-    the matcher terminates.
+    the matcher terminates. ``settle(i, token) -> token``, called after each accept, may replace
+    the token (the budget guard, :mod:`runtime.grammar.budget`, forcing a completion; the
+    matcher then holds the replacement).
     """
     from runtime.grammar.mask import apply_grammar_masks
 
@@ -126,6 +129,8 @@ def verify_draft(
         token = int(sample(i, row))
         if not matcher.accept_token(token):
             raise ValueError(f"sample returned token {token}, which the grammar mask forbids")
+        if settle is not None:
+            token = settle(i, token)
         out.append(token)
         if i == len(draft) or token != draft[i] or matcher.is_terminated():
             break

@@ -22,6 +22,7 @@ import json
 import torch
 
 from runtime.grammar.base import CompiledGrammar, GrammarBackend, GrammarMatcher
+from runtime.grammar.completion import ShortestCompletion, TokenTable
 from runtime.grammar.constraints import Constraint
 from runtime.grammar.schema_support import check_schema_support
 from runtime.grammar.schema_unroll import bound_recursion
@@ -56,6 +57,7 @@ class OutlinesBackend(GrammarBackend):
         import outlines_core as oc
 
         self.vocab = vocab
+        self.token_table = TokenTable(vocab)
         by_bytes: dict[bytes, list[int]] = {}
         for i, b in enumerate(vocab.token_bytes):
             if b:
@@ -82,13 +84,17 @@ class OutlinesBackend(GrammarBackend):
         except Exception as e:
             field = "value_type" if constraint.kind == "type" else constraint.kind
             raise ValueError(f"{field}: not supported by the outlines backend: {e}") from None
-        return OutlinesCompiled(constraint, self.vocab, index, self._byte_probes)
+        return OutlinesCompiled(constraint, self.vocab, index, self._byte_probes,
+                                ShortestCompletion(self.token_table))
 
     def to_regex(self, c: Constraint) -> str:
         """The regex outlines-core compiles for ``c`` (``ValueError`` when unsupported)."""
         if c.kind == "grammar":
             raise ValueError("grammar: Lark grammars are not supported by the outlines backend "
                              "(use the xgrammar backend)")
+        if c.kind == "tool_calls":
+            raise ValueError("tool_calls: constrained tool calls in free text are not supported "
+                             "by the outlines backend (use the xgrammar backend)")
         if c.kind == "regex":
             return strip_anchors(c.spec)
         if c.kind == "type":
@@ -111,8 +117,10 @@ class OutlinesBackend(GrammarBackend):
 
 
 class OutlinesCompiled(CompiledGrammar):
-    def __init__(self, constraint: Constraint, vocab: TokenVocab, index, byte_probes):
+    def __init__(self, constraint: Constraint, vocab: TokenVocab, index, byte_probes,
+                 completion: ShortestCompletion):
         self.constraint = constraint
+        self.completion = completion
         self.vocab = vocab
         self.index = index
         self.byte_probes = byte_probes
@@ -231,6 +239,12 @@ class OutlinesMatcher(GrammarMatcher):
     @property
     def num_accepted(self) -> int:
         return len(self._history)
+
+    def can_end(self) -> bool:
+        return not self._stopped and self._guide.is_finished()
+
+    def state_key(self) -> tuple[int, bool]:
+        return self._guide.get_state(), self._stopped
 
 
 def _bit(i: int) -> int:

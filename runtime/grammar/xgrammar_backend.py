@@ -9,6 +9,7 @@ keyword combinations xgrammar would not enforce are refused (:mod:`schema_suppor
 from __future__ import annotations
 
 import json
+import re
 
 import torch
 
@@ -19,15 +20,20 @@ from runtime.grammar.base import (
     bitmask_width,
     ids_to_bitmask_row,
 )
-from runtime.grammar.constraints import Constraint
+from runtime.grammar.completion import ShortestCompletion, TokenTable
+from runtime.grammar.constraints import TOOL_CALL_TRIGGER, Constraint
 from runtime.grammar.lark_ebnf import lark_to_ebnf
 from runtime.grammar.regex_ebnf import ebnf_string
 from runtime.grammar.schema_support import check_schema_support
 from runtime.grammar.schema_unroll import bound_recursion
 from runtime.grammar.vocab import TokenVocab
 
+DEBUG_STATE = "_debug_print_internal_state"
+_STEPS = re.compile(r"There are (\d+) steps")
+_ITEM = re.compile(r"rule_id=(\d+), sequence_id=(\d+), element_id=(\d+), "
+                   r"rule_start_pos=(-?\d+), sub_element_id=(\d+)")
 _FIELD = {"json_schema": "json_schema", "regex": "regex", "choices": "choices",
-          "grammar": "grammar", "type": "value_type"}
+          "grammar": "grammar", "type": "value_type", "tool_calls": "tool_calls"}
 
 
 class XGrammarBackend(GrammarBackend):
@@ -37,6 +43,7 @@ class XGrammarBackend(GrammarBackend):
         import xgrammar as xgr
 
         self.vocab = vocab
+        self.token_table = TokenTable(vocab)
         info = xgr.TokenizerInfo(
             list(vocab.token_bytes),
             xgr.VocabType.RAW,
@@ -50,7 +57,8 @@ class XGrammarBackend(GrammarBackend):
     def compile(self, constraint: Constraint) -> CompiledGrammar:
         field = _FIELD[constraint.kind]
         try:
-            return XGrammarCompiled(constraint, self.vocab, self._compile(constraint))
+            return XGrammarCompiled(constraint, self.vocab, self._compile(constraint),
+                                    ShortestCompletion(self.token_table))
         except ValueError as e:
             if str(e).startswith(field + ":"):
                 raise
@@ -80,13 +88,23 @@ class XGrammarBackend(GrammarBackend):
         if c.kind == "choices":
             alts = " | ".join(f"({ebnf_string(s)})" for s in c.choice_list())
             return self._compiler.compile_grammar(f"root ::= {alts}\n")
+        if c.kind == "tool_calls":
+            import xgrammar as xgr
+
+            tags = [xgr.StructuralTagItem(
+                begin=f'{TOOL_CALL_TRIGGER}{{"name": {json.dumps(t["name"])}, "arguments": ',
+                schema=json.dumps(bound_recursion(t["parameters"])), end="}</tool_call>")
+                for t in c.tools()]
+            return self._compiler.compile_structural_tag(tags, [TOOL_CALL_TRIGGER])
         assert c.kind == "grammar", c.kind
         return self._compiler.compile_grammar(lark_to_ebnf(c.spec))
 
 
 class XGrammarCompiled(CompiledGrammar):
-    def __init__(self, constraint: Constraint, vocab: TokenVocab, compiled):
+    def __init__(self, constraint: Constraint, vocab: TokenVocab, compiled,
+                 completion: ShortestCompletion):
         self.constraint = constraint
+        self.completion = completion
         self.vocab = vocab
         self._compiled = compiled
         self._not_stop = ~ids_to_bitmask_row(vocab.stop_ids, vocab.vocab_size)  # [W] int32
@@ -148,3 +166,19 @@ class XGrammarMatcher(GrammarMatcher):
     @property
     def num_accepted(self) -> int:
         return self._accepted
+
+    def can_end(self) -> bool:
+        return not self._m.is_terminated() and self._m.is_completed()
+
+    def state_key(self) -> tuple:
+        """The parser items of the last step with start positions made relative: inexact,
+        items further down the parser stack are not part of it."""
+        pos, items = self.parser_items()
+        return self._m.is_terminated(), tuple((r, s, e, pos - p, u) for r, s, e, p, u in items)
+
+    def parser_items(self) -> tuple[int, tuple[tuple[int, int, int, int, int], ...]]:
+        # xgrammar (0.2.9) exposes no state id or parser items publicly; its debug dump of the
+        # last step is the only view. A third-party method, named here once (DEBUG_STATE).
+        text = getattr(self._m, DEBUG_STATE)()
+        steps = int(_STEPS.search(text).group(1))
+        return steps - 1, tuple(tuple(map(int, item)) for item in _ITEM.findall(text))

@@ -69,7 +69,8 @@ def _params(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan,
         raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
     fields = base_fields(req, max_tokens)
     fields["logprobs"] = (req.top_logprobs or 0) if req.logprobs else None
-    constraint, cparam = constraint_fields(req, plan)
+    constraint, cparam = constraint_fields(
+        req, plan, constrain_auto_calls=state.engine.config.grammar_backend == "xgrammar")
     fields.update(constraint)
     param_map = {"max_tokens": mt_param, "logprobs": "top_logprobs"}
     if cparam is not None:

@@ -33,9 +33,12 @@ def base_fields(req: SamplingFields, max_tokens: int) -> dict[str, Any]:
 
 
 def constraint_fields(req: ChatCompletionRequest | CompletionRequest,
-                      plan: ToolPlan | None = None) -> tuple[dict[str, Any], str | None]:
+                      plan: ToolPlan | None = None,
+                      constrain_auto_calls: bool = False) -> tuple[dict[str, Any], str | None]:
     """The one output constraint of the request as SamplingParams fields, and the request field
-    it came from (for error messages). Raises 400 when two are given."""
+    it came from (for error messages). Raises 400 when two are given. With
+    ``constrain_auto_calls`` (the xgrammar backend), ``tool_choice="auto"`` without another
+    constraint becomes a ``tool_calls`` constraint: free text, but every started call valid."""
     sources: list[tuple[str, dict[str, Any]]] = []
     rf = req.response_format
     if rf is not None:
@@ -54,6 +57,9 @@ def constraint_fields(req: ChatCompletionRequest | CompletionRequest,
             sources.append((name, {name: getattr(req, name)}))
     if plan is not None and plan.enforced:
         sources.append(("tool_choice", {"json_schema": plan.constraint_schema()}))
+    elif constrain_auto_calls and plan is not None and plan.active and not sources:
+        # tool_choice="auto": free text, but a started <tool_call> is a valid call
+        sources.append(("tools", {"tool_calls": plan.call_tools()}))
     if len(sources) > 1:
         names = [s[0] for s in sources]
         raise bad_request(f"{names[1]}: only one output constraint may be given, got "

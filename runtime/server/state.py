@@ -107,13 +107,16 @@ class ServerState:
             raise from_value_error(e, param_map, default_param) from None
 
     async def compile_constraint(self, params: SamplingParams, param: str | None,
-                                 prefix: str = "") -> None:
+                                 prefix: str = "", budget_param: str = "max_tokens") -> None:
         """Validate and compile ``params``' constraint before the request is accepted, so a bad
-        schema / regex / grammar is a 400 (not a failed stream), and the engine finds the
-        compiled grammar in its cache. Compilation runs off the event loop. Errors name
-        ``param``, or ``prefix + <engine field>`` when ``param`` is None."""
+        schema / regex / grammar, an unsatisfiable one, or a budget below its shortest valid
+        output is a 400 (not a failed stream), and the engine finds the compiled grammar in
+        its cache. Compilation runs off the event loop. Errors name ``param``, or
+        ``prefix + <engine field>`` when ``param`` is None; the budget error names
+        ``budget_param``."""
         if not params.has_constraint:
             return
+        from runtime.grammar.budget import BudgetTooSmall, check_budget
         from runtime.grammar.constraints import CONSTRAINT_FIELDS, constraint_from_params
 
         try:
@@ -123,9 +126,15 @@ class ServerState:
                 self._grammar_lock = asyncio.Lock()
             async with self._grammar_lock:       # the first call builds the backend's vocab
                 cache = await asyncio.to_thread(self.engine.grammar_cache)
-            await asyncio.to_thread(cache.get, c)
+            compiled = await asyncio.to_thread(cache.get, c)
+            if params.complete_within_budget:
+                field = "value_type" if c.kind == "type" else c.kind
+                await asyncio.to_thread(check_budget, compiled, params.max_tokens,
+                                        budget_param, field)
+        except BudgetTooSmall as e:             # its message names budget_param already
+            raise bad_request(str(e), budget_param, code="budget_too_small") from None
         except ValueError as e:
-            renames = {k: param or prefix + k for k in names + ("json_indent",)}
+            renames = {k: param or prefix + k for k in CONSTRAINT_FIELDS + ("json_indent",)}
             err = from_value_error(e, renames, param)
             err.code = "invalid_constraint"
             raise err from None

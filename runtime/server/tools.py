@@ -4,7 +4,10 @@
 - ``"none"``: tools are ignored.
 - ``"auto"`` (default when tools are given): the tools are described in the system prompt and a
   call is parsed out of the model's text (``<tool_call>{...}</tool_call>`` blocks or a bare JSON
-  object with ``name`` and ``arguments``); text that is not a valid call is plain content.
+  object with ``name`` and ``arguments``); text that is not a valid call is plain content. On
+  the xgrammar backend (and when no other constraint is given) the output is constrained by
+  the ``tool_calls`` constraint: free text, but once the model writes ``<tool_call>`` the rest
+  of the call follows the tools' schemas, so a started call is always a valid call.
 - ``"required"`` / ``{"type": "function", "function": {"name": N}}``: the output is constrained
   by a JSON schema ``{"name": const, "arguments": <the tool's parameters>}`` (``anyOf`` over the
   tools for ``required``), so the arguments always parse and validate.
@@ -74,6 +77,10 @@ class ToolPlan:
                     "required": ["name", "arguments"]}
         chosen = [t for t in self.tools if self.mode != "named" or t.name == self.forced]
         return one(chosen[0]) if len(chosen) == 1 else {"anyOf": [one(t) for t in chosen]}
+
+    def call_tools(self) -> list[dict]:
+        """The tools as the ``tool_calls`` constraint takes them (``tool_choice="auto"``)."""
+        return [{"name": t.name, "parameters": t.parameters} for t in self.tools]
 
     def parse(self, text: str) -> tuple[list[dict], str | None] | None:
         """``(tool_calls, remaining content or None)`` found in ``text``, or ``None`` when it is
