@@ -15,16 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agentlang.sampling import SamplingOptions
+# SGLang's regex constants (same values, so ported programs keep their constraints).
+from runtime.typed_values import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR  # noqa: F401
 
 if TYPE_CHECKING:
     from agentlang.choices import ChoicesMethod
     from agentlang.tools import Tool
 
-# SGLang's regex constants (same values, so ported programs keep their constraints).
-REGEX_INT = r"[-+]?[0-9]+[ \n]*"
-REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
-REGEX_BOOL = r"(True|False)"
-REGEX_STR = r"\"[\w\d\s]*\""
 
 
 class TraceError(ValueError):

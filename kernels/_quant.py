@@ -24,9 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-SCALE_DTYPE = torch.float16
-SCALE_MIN = 2.0**-14
-SCALE_MAX = 65504.0
+from runtime.kv_quant import QMAX, SCALE_DTYPE, SCALE_MAX, SCALE_MIN  # noqa: F401 (one owner)
 
 
 @dataclass(frozen=True)
@@ -38,11 +36,11 @@ class QuantSpec:
 
 
 def _specs() -> dict[torch.dtype, QuantSpec]:
-    specs = {torch.int8: QuantSpec(127.0, False, 0, 0)}
+    specs = {torch.int8: QuantSpec(QMAX["int8"], False, 0, 0)}
     if hasattr(torch, "float8_e4m3fn"):
-        specs[torch.float8_e4m3fn] = QuantSpec(448.0, True, 3, 7)
+        specs[torch.float8_e4m3fn] = QuantSpec(QMAX["fp8_e4m3"], True, 3, 7)
     if hasattr(torch, "float8_e5m2"):
-        specs[torch.float8_e5m2] = QuantSpec(57344.0, True, 2, 15)
+        specs[torch.float8_e5m2] = QuantSpec(QMAX["fp8_e5m2"], True, 2, 15)
     return specs
 
 

@@ -35,8 +35,8 @@ KV_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
 SCALE_DTYPE = torch.float16
 SCALE_MIN = 2.0**-14          # smallest normal float16: the scale of an all-zero vector
 SCALE_MAX = 65504.0           # largest float16
-_TORCH_NAMES = {"int8": "int8", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
-_QMAX = {"int8": 127.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+TORCH_NAMES = {"int8": "int8", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+QMAX = {"int8": 127.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}   # each format's largest value
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,13 @@ def kv_format(kv_dtype: str) -> KVFormat | None:
         raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)}, got {kv_dtype!r}")
     if kv_dtype == "auto":
         return None
-    storage = getattr(torch, _TORCH_NAMES[kv_dtype], None)
+    storage = getattr(torch, TORCH_NAMES[kv_dtype], None)
     if storage is None:
         raise ValueError(
-            f"kv_dtype {kv_dtype!r} needs torch.{_TORCH_NAMES[kv_dtype]}, which torch "
+            f"kv_dtype {kv_dtype!r} needs torch.{TORCH_NAMES[kv_dtype]}, which torch "
             f"{torch.__version__} does not provide; use 'int8' or 'auto'"
         )
-    return KVFormat(kv_dtype, storage, _QMAX[kv_dtype])
+    return KVFormat(kv_dtype, storage, QMAX[kv_dtype])
 
 
 def kv_dtype_name(kv_dtype: str, model_dtype: torch.dtype) -> str:

@@ -26,11 +26,10 @@ import httpx
 
 from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt
 from agentlang.chat_template import ChatTemplate, derive_chat_template
-from agentlang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from agentlang.sampling import SamplingOptions
+from runtime.typed_values import VALUE_TYPE_REGEX
 
 EXTENSIONS = ("lark_grammar", "program", "agent")   # agentlang-only top-level /generate fields
-_TYPE_REGEX = {"int": REGEX_INT, "float": REGEX_FLOAT, "bool": REGEX_BOOL, "str": REGEX_STR}
 
 
 class EndpointError(RuntimeError):
@@ -187,7 +186,7 @@ class RuntimeEndpoint(Backend):
         """The ``/generate`` body. ``tag`` (the program / branch asking) travels as the optional
         top-level ``program`` field, never inside ``sampling_params``."""
         schema = opts.json_schema_dict()
-        regex = opts.regex if opts.value_type is None else _TYPE_REGEX[opts.value_type]
+        regex = opts.regex if opts.value_type is None else VALUE_TYPE_REGEX[opts.value_type]
         params = {
             "max_new_tokens": opts.max_tokens, "min_new_tokens": opts.min_tokens,
             "temperature": opts.temperature, "top_p": opts.top_p, "top_k": opts.top_k,

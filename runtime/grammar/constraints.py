@@ -16,13 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-# SGLang's typed-value regexes (sglang/lang/ir.py).
-REGEX_INT = r"[-+]?[0-9]+[ \n]*"
-REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
-REGEX_BOOL = r"(True|False)"
-REGEX_STR = r"\"[\w\d\s]*\""
+from runtime.typed_values import (REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR,  # noqa: F401
+                                  VALUE_TYPE_REGEX)
 
-VALUE_TYPE_REGEX = {"int": REGEX_INT, "float": REGEX_FLOAT, "bool": REGEX_BOOL, "str": REGEX_STR}
 CONSTRAINT_FIELDS = ("json_schema", "regex", "choices", "grammar", "value_type", "tool_calls")
 KINDS = ("json_schema", "regex", "choices", "grammar", "type", "tool_calls")
 TOOL_CALL_TRIGGER = "<tool_call>"
