@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_cases import rel_err
-from test_engine_triton import tiny_llama_dir  # noqa: F401  (module fixture)
 
 from runtime.attention.base import make_backend
 from runtime.forward_batch import build_forward_batch
