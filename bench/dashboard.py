@@ -86,7 +86,7 @@ def served_throughput(rounds: int, n_requests: int, max_tokens: int) -> dict:
         def one(i: int) -> int:
             r = httpx.post(url + "/generate", timeout=600, json={
                 "text": PREFIX + f"Question {i}: what now?",
-                "sampling_params": {"max_tokens": max_tokens, "temperature": 0,
+                "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0,
                                     "ignore_eos": True}})
             r.raise_for_status()
             return r.json()["meta_info"]["completion_tokens"]

@@ -77,6 +77,7 @@ class GgufFile:
         eos = m.get("tokenizer.ggml.eos_token_id")
         cfg = {
             "architectures": [ARCHITECTURES[a]],
+            "model_type": a,                       # GGUF's llama / qwen2 / mistral = HF's
             "vocab_size": self.tensors["token_embd.weight"].shape[0],
             "hidden_size": hidden,
             "intermediate_size": int(m[f"{a}.feed_forward_length"]),

@@ -4,7 +4,9 @@ HF directories load their safetensors as they are (``LlamaModel.from_pretrained`
 ``dtype``). GGUF files load through :func:`~runtime.models.gguf_model.load_gguf_model`
 (``weights="auto"`` keeps them quantized) and take their tokenizer from the file's metadata,
 converted by transformers once and cached under ``$AGENTLANG_CACHE/tokenizers`` (keyed by the
-file's path, size and modification time).
+file's path, size and modification time) beside a ``config.json`` written from the same metadata:
+that directory is the model's HF-style view (``LoadedModel.hf_dir``), what SGLang's clients and
+router expect at ``model_path`` / ``tokenizer_path``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -26,6 +29,7 @@ from runtime.models.llama import LlamaModel
 class LoadedModel(NamedTuple):
     model: LlamaModel
     tokenizer: Any       # a transformers tokenizer
+    hf_dir: Path         # a directory with config.json and the tokenizer's files
 
 
 def load_model(resolved: ResolvedModel, weights: str, dtype: torch.dtype,
@@ -35,25 +39,30 @@ def load_model(resolved: ResolvedModel, weights: str, dtype: torch.dtype,
 
     if resolved.is_gguf:
         model = load_gguf_model(resolved.path, weights, dtype, device)
-        return LoadedModel(model, gguf_tokenizer(resolved.path))
+        hf_dir = gguf_hf_dir(resolved.path)
+        return LoadedModel(model, AutoTokenizer.from_pretrained(hf_dir), hf_dir)
     model = LlamaModel.from_pretrained(resolved.path, dtype, device)
-    return LoadedModel(model, AutoTokenizer.from_pretrained(resolved.path))
+    return LoadedModel(model, AutoTokenizer.from_pretrained(resolved.path), resolved.path)
 
 
-def gguf_tokenizer(path: Path) -> Any:
-    """The tokenizer stored in GGUF ``path``'s metadata (cached after the first conversion)."""
+def gguf_hf_dir(path: Path) -> Path:
+    """The HF-style directory of GGUF ``path``: its tokenizer (converted from the metadata by
+    transformers) and ``config.json``, written once and cached."""
     from transformers import AutoTokenizer
+
+    from runtime.gguf_file import open_gguf
 
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
-    out = cache_root() / "tokenizers" / f"{path.stem}-{key[:16]}"
-    if (out / "tokenizer_config.json").exists():
-        return AutoTokenizer.from_pretrained(out)
+    out = cache_root() / "tokenizers" / f"{path.stem}-{key[:16]}-hf"
+    if (out / "config.json").exists():
+        return out
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tok.save_pretrained(tmp)
+    (tmp / "config.json").write_text(json.dumps(open_gguf(path).config_dict(), indent=2))
     try:
         os.replace(tmp, out)       # atomic: a half-written cache is never visible
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)   # another process cached it first
-    return tok
+    return out

@@ -52,8 +52,8 @@ def model_info(state: ServerState) -> dict[str, Any]:
     """The ``/model_info`` object (SGLang's fields first, then agentlang's)."""
     e = state.engine
     mc, pool = e.model_config, e.pool
-    hf = _hf_config(e.model_path)
-    path = str(e.model_path)
+    hf = _hf_config(e.hf_dir)
+    path = str(e.hf_dir)
     return {
         # SGLang 0.5.23's fields
         "model_path": path,
@@ -72,6 +72,7 @@ def model_info(state: ServerState) -> dict[str, Any]:
         "architectures": hf.get("architectures") or [mc.architecture],
         # agentlang's
         "model_name": state.served_model_name,
+        "weights_path": str(e.model_path),   # the weights as loaded (a .gguf file or model_path)
         "max_context": e.max_context,
         "max_tokens_per_sequence": state.token_limit,
         "vocab_size": mc.vocab_size,
@@ -95,7 +96,7 @@ def server_info(state: ServerState) -> dict[str, Any]:
     """The ``/server_info`` object: settings under SGLang's server-argument names."""
     e = state.engine
     cfg, pool = e.config, e.pool
-    path = str(e.model_path)
+    path = str(e.hf_dir)
     kv = e.kv_layout.kv_dtype_name
     scheduler = {"max_total_num_tokens": pool.capacity_tokens,
                  "max_req_input_len": state.token_limit - 1}

@@ -91,7 +91,7 @@ def shared_prefix_workload(url: str, max_tokens: int = 40) -> list[dict]:
     def one(q: str) -> dict:
         r = httpx.post(url + "/generate", timeout=300, json={
             "text": SHARED_PREFIX + q,
-            "sampling_params": {"max_tokens": max_tokens, "temperature": 0,
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0,
                                 "ignore_eos": True}})
         r.raise_for_status()
         return r.json()

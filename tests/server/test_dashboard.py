@@ -35,7 +35,7 @@ def test_bad_max_nodes_is_400_naming_it(http, value):
     ({"id": "r", "branch": 7}, "program.branch"), ({"id": "r", "branch": "0", "after": "1"},
                                                    "program.after")])
 def test_bad_program_tag_is_400_naming_the_field(http, program, field):
-    r = http.post("/generate", json={"text": "Hello", "sampling_params": {"max_tokens": 1},
+    r = http.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 1},
                                      "program": program})
     assert r.status_code == 400 and r.json()["error"]["param"] == field
 
