@@ -68,11 +68,13 @@ def filter_probs(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 
 def top_logprobs(logprobs: torch.Tensor, token: int, k: int) -> TokenLogprob:
-    """Chosen token's logprob plus the top-k alternatives of one row ``[V]``."""
+    """Chosen token's logprob plus the top-k alternatives of one row ``[V]``, best first; equal
+    logprobs (exact ties are common in bf16) in token-id order, the order greedy's argmax
+    breaks ties in, so a greedy token is always first among its equals."""
     top: list[tuple[int, float]] = []
     if k > 0:
         vals, ids = torch.topk(logprobs, k)
-        top = list(zip(ids.tolist(), vals.tolist()))
+        top = sorted(zip(ids.tolist(), vals.tolist()), key=lambda t: (-t[1], t[0]))
     return TokenLogprob(token, float(logprobs[token]), top)
 
 
