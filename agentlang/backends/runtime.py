@@ -53,8 +53,10 @@ class Runtime(Backend):
         return self
 
     def get_model_name(self) -> str:
-        """The model's path, as SGLang's ``RuntimeEndpoint.get_model_name``."""
-        return str(self.engine.model_path)
+        """The model's path, as SGLang's ``RuntimeEndpoint.get_model_name`` (the server's
+        ``model_path``: an HF-style directory, for a GGUF the one holding its config and
+        tokenizer)."""
+        return str(self.engine.hf_dir)
 
     # -- interface ---------------------------------------------------------------------
     def chat_template(self) -> ChatTemplate:
