@@ -216,7 +216,7 @@ def engine_over(model, tokenizer_dir: Path, name: str):
     from runtime.models.llama import LlamaModel
 
     with mock.patch.object(engine_module, "resolve_model",
-                           lambda _name: ResolvedModel(tokenizer_dir, name)), \
+                           lambda *_a, **_k: ResolvedModel(tokenizer_dir, name)), \
             mock.patch.object(LlamaModel, "from_pretrained", lambda *a, **k: model):
         yield
 

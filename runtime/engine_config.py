@@ -15,7 +15,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class EngineConfig:
     model: str = "default"
     dtype: str = "float32"
-    weights: str = "auto"                 # "auto": GGUF stays quantized | "dense": decoded to dtype
+    # "dense": decoded to dtype (exact, cache/batch-invariant greedy outputs) | "auto": a GGUF's
+    # Q4_0/Q4_1/Q8_0 stay quantized (bf16 int4/int8 matmuls: faster at batch 1, but prefill-sized
+    # and GEMV-sized calls round differently, so near-ties can flip with cache state)
+    weights: str = "dense"
     device: str = "cpu"
     page_size: int = 16
     kv_budget_mb: float | None = None     # default: 512 MB on CPU, 40% of free memory on GPU

@@ -50,8 +50,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-wait-steps", type=int, default=None,
                    help="aging: each this many steps waited raise a request's priority by one")
     p.add_argument("--weights", choices=("auto", "dense"), default=None,
-                   help="auto (default): a GGUF's Q4_0/Q4_1/Q8_0 tensors stay quantized (CPU "
-                        "int4/int8 matmuls); dense: decoded to --dtype")
+                   help="dense (default): decoded to --dtype; auto: a GGUF's Q4_0/Q4_1/Q8_0 "
+                        "tensors stay quantized (CPU int4/int8 matmuls in bf16)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--served-model-name", default=None,
