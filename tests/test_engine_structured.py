@@ -10,6 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from runtime import Engine, SamplingParams
+from runtime.errors import ErrorCode
 from data.schemas import KEY_HEAVY, OUTLINES_UNSUPPORTED, SCHEMAS
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,8 @@ def test_schema_set_all_valid(eng):
         for name, schema, _ in SCHEMAS:
             if name in OUTLINES_UNSUPPORTED:
                 out = eng.generate("x", SamplingParams(max_tokens=4, json_schema=schema))
-                assert out.finish_reason == "abort" and "json_schema" in out.error
+                assert out.finish_reason == "abort" and out.error.field == "json_schema"
+                assert out.error.code == ErrorCode.INVALID_CONSTRAINT, out.error
 
 
 @pytest.mark.parametrize("regex, prompt", [
