@@ -23,7 +23,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from runtime.engine import Engine
-from runtime.engine_snapshot import check_max_nodes
+from runtime.engine_snapshot import MAX_SNAPSHOT_NODES, check_max_nodes
 from runtime.server import dashboard_data
 from runtime.server.errors import APIError, from_value_error
 from runtime.server.programs import ProgramTracker
@@ -117,12 +117,14 @@ async def static(name: str):
 
 @router.get("/dashboard/data", responses={400: {"description": "bad max_nodes"}})
 async def data(request: Request, max_nodes: str = Query(
-        "500", description="radix-tree nodes to include, most recently used first (0..20000)")):
+        "500", description="radix-tree nodes to include, most recently used first",
+        json_schema_extra={"type": "integer", "minimum": 0, "maximum": MAX_SNAPSHOT_NODES,
+                           "default": 500})):
     """Live state for the dashboard page (see the module docstring). 400 names ``max_nodes``
-    when it is not an integer in [0, 20000]."""
-    raw = max_nodes
+    and the accepted range when it is not an integer in [0, 20000] (parsed here, not by
+    FastAPI, so the message can say so)."""
     try:
-        max_nodes = check_max_nodes(int(raw) if raw.isdigit() else raw)
+        max_nodes = check_max_nodes(int(max_nodes) if max_nodes.isdigit() else max_nodes)
     except ValueError as e:
         raise from_value_error(e) from None
     dash: DashboardState = request.app.state.dashboard

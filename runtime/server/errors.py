@@ -101,10 +101,11 @@ def from_value_error(exc: ValueError, param_map: dict[str, str] | None = None,
 
 
 def loc_to_param(loc: Sequence[str | int]) -> str | None:
-    """``("body", "messages", 0, "role")`` → ``"messages[0].role"``."""
+    """``("body", "messages", 0, "role")`` → ``"messages[0].role"``; ``("query", "max_nodes")``
+    → ``"max_nodes"`` (the request part is not part of the field's name)."""
     out = ""
     for part in loc:
-        if part == "body" and not out:
+        if part in ("body", "query", "path", "header") and not out:
             continue
         if isinstance(part, int):
             out += f"[{part}]"
