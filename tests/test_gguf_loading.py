@@ -180,7 +180,7 @@ def test_engine_loads_a_gguf_by_path(tmp_path, tokenizer_fields):
     from runtime import Engine, SamplingParams
 
     path = write_gguf(tmp_path / "tiny.gguf", tokenizer_fields, "Q4_1")
-    eng = Engine(str(path), kv_budget_mb=8, page_size=4)
+    eng = Engine(str(path), weights="auto", kv_budget_mb=8, page_size=4)
     assert eng.model_name == "tiny" and eng.model_config.num_layers == L
     outs = eng.generate(["Hello there", "The capital of France is"],
                         SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
