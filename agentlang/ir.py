@@ -136,7 +136,9 @@ class Placeholder(Expr):
     subclass's ``_misuse`` error, which explains how to write the line instead."""
 
     def _misuse(self, what: str) -> TraceError:
-        raise NotImplementedError
+        """The error for using this placeholder in ``what``; subclasses say how to fix it."""
+        return TraceError(f"{type(self).__name__}: a traced placeholder has no value yet, so "
+                          f"it cannot be used in {what}")
 
     def __str__(self) -> str:
         raise self._misuse("str()")
