@@ -3,7 +3,9 @@ conditions, jump-forward, finishing and streaming deltas. Runs on the thread tha
 
 Built from narrow parts: the request tracker (groups, pending grammars, counters), the
 scheduler (queues, page release, prefix-cache insertion), the request builder (new
-completions), the tokenizer (jump-forward drafts), the stop token ids and the context length.
+completions) and the constrained-sampling step (:mod:`runtime.constrained_step`: logits to
+tokens, grammar, jump-forward and budget included); plus the stop token ids and the context
+length.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from runtime.errors import EngineError, constraint_error
 from runtime.request import Request, RequestGroup
 from runtime.request_builder import RequestBuilder
 from runtime.request_tracker import RequestTracker
-from runtime.sampler import RowSpec, sample, top_logprobs
+from runtime.constrained_step import ConstrainedStep, Sampled, StepJob
 from runtime.scheduler import ScheduledItem, Scheduler
 
 
@@ -28,7 +30,7 @@ class OutputProcessor:
         self.tracker = tracker
         self.scheduler = scheduler
         self.builder = builder
-        self.tokenizer = tokenizer
+        self.sampler = ConstrainedStep(tokenizer, eos_ids, max_context)
         self.eos_ids = eos_ids
         self.max_context = max_context
 
@@ -57,9 +59,8 @@ class OutputProcessor:
     # ---- the step's outputs ---------------------------------------------------------------
     def process(self, items: Sequence[ScheduledItem], logits: torch.Tensor) -> None:
         touched: list[Request] = []
-        sample_reqs: list[Request] = []
-        sample_rows: list[int] = []
-        drafts: list[tuple[Request, range, int]] = []
+        jobs: list[StepJob] = []
+        starts: list[int] = []               # per job: position of the request's last token
         row = 0
         for it in items:
             req = it.req
@@ -77,21 +78,12 @@ class OutputProcessor:
             if req.group.prefill_only:
                 self.finish(req, "stop")
                 continue
-            if req.draft:
-                drafts.append((req, range(rows.stop - 1 - len(req.draft), rows.stop), it.start))
-                continue
-            for r in self._fork_if_first_sample(req):
-                sample_reqs.append(r)
-                sample_rows.append(rows.stop - 1)
+            for r in self._fork_if_first_sample(req):   # a draft's rows end the item's rows
+                jobs.append(StepJob(r, rows.stop - 1 - len(req.draft)))
+                starts.append(it.start)
                 touched.append(r)
-        if sample_reqs:
-            specs = [self._spec(r) for r in sample_reqs]
-            rows_t = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
-            tokens, lps = sample(logits.index_select(0, rows_t), specs)
-            for r, tok, lp, row in zip(sample_reqs, tokens, lps, sample_rows):
-                self._append(r, tok, lp, raw_logits=logits[row])
-        for req, rows, start in drafts:
-            self._verify_draft(req, logits[rows.start:rows.stop], start)
+        for job, start, sampled in zip(jobs, starts, self.sampler.run(jobs, logits)):
+            self._take(job.req, sampled, start)
         self._emit(touched)
 
     def _prompt_logprobs(self, it: ScheduledItem, logits: torch.Tensor) -> None:
@@ -117,31 +109,26 @@ class OutputProcessor:
             siblings.append(sib)
         return [req] + siblings
 
-    def _spec(self, req: Request, extra_output: Sequence[int] = ()) -> RowSpec:
-        p = req.params
-        output = req.output_ids + list(extra_output) if extra_output else req.output_ids
-        banned: list[int] = []
-        # min_tokens holds the end back, but never past a constraint that is complete and
-        # admits nothing more: its mask allows only the end, so banning it leaves no token.
-        if len(output) < p.min_tokens and not (req.matcher is not None
-                                               and req.matcher.is_terminated()):
-            banned = sorted(self.eos_ids | set(p.stop_token_ids))
-        return RowSpec(p, req.generator, req.prompt_ids, output, banned, req.matcher,
-                       p.logprobs)
+    def _take(self, req: Request, sampled: Sampled, start: int) -> None:
+        """Append the step's tokens of ``req`` (its matcher holds them already). After a draft
+        only the last token and the matched draft prefix keep their KV (from ``start``, the
+        position of the token before the draft); appending stops at a finish."""
+        drafted, req.draft = len(req.draft), []
+        if drafted:
+            keep = start + len(sampled.tokens)
+            if req.num_computed > keep:
+                req.page_table.truncate(keep)
+                req.num_computed = keep
+            req.passes_saved += len(sampled.tokens) - 1
+        last = len(sampled.tokens) - 1
+        for i, (tok, lp) in enumerate(zip(sampled.tokens, sampled.logprobs)):
+            if self._append(req, tok, lp, last=i == last):
+                return
+        req.draft = sampled.next_draft
 
-    def _append(self, req: Request, tok: int, lp, matcher_accepted: bool = False,
-                last: bool = True, raw_logits: torch.Tensor | None = None) -> bool:
-        """Add a sampled token; returns whether the request finished. ``matcher_accepted``:
-        the grammar matcher already consumed it and its budget guard settled it (and, unless
-        ``last``, tokens after it, so its state says nothing about this position).
-        ``raw_logits [V]``: the row it was sampled from, for the logprob of a forced token."""
-        if req.matcher is not None and not matcher_accepted:
-            accepted = req.matcher.accept_token(tok)
-            assert accepted, f"grammar rejected sampled token {tok}"
-            settled = self._settle(req, tok, 0)
-            if settled != tok and lp is not None and raw_logits is not None:
-                lp = top_logprobs(torch.log_softmax(raw_logits.float(), -1), settled, len(lp.top))
-            tok = settled
+    def _append(self, req: Request, tok: int, lp, last: bool = True) -> bool:
+        """Add one token; returns whether the request finished. Unless ``last``, later tokens
+        of the step follow it, so the matcher's state says nothing about this position."""
         g = req.group
         if g.first_token_time is None:
             g.first_token_time = time.perf_counter()
@@ -150,50 +137,7 @@ class OutputProcessor:
             req.logprobs.append(lp)
         self.tracker.count_generated()
         stop = req.out.append(tok)
-        if self._check_finish(req, tok, stop, grammar_state=last):
-            return True
-        if not last:
-            return False
-        if req.matcher is not None and req.params.jump_forward and req.logprobs is None:
-            from runtime.grammar.jump_forward import draft_tokens
-
-            # Exact jump-forward: the grammar's forced text becomes a draft that the next
-            # step runs in one extend and verifies against the model's own choices.
-            budget = req.params.max_tokens - len(req.output_ids)
-            req.draft = draft_tokens(req.matcher, self.tokenizer, max_tokens=min(32, budget))
-        return False
-
-    def _verify_draft(self, req: Request, logits: torch.Tensor, start: int) -> None:
-        """logits [1 + len(draft), V]: row i follows ``[last token] + draft[:i]``."""
-        from runtime.grammar.jump_forward import verify_draft
-
-        draft, req.draft = req.draft, []
-
-        def pick(i: int, row: torch.Tensor) -> int:
-            spec = self._spec(req, extra_output=draft[:i])
-            spec.matcher = None                      # verify_draft already masked the row
-            # a copy: the row may be an inference-mode tensor, and sample() bans tokens in place
-            return sample(row.clone(), [spec])[0][0]
-
-        accepted = verify_draft(req.matcher, draft, logits, pick,
-                                lambda i, tok: self._settle(req, tok, i))
-        keep = start + len(accepted)                 # last token + matched draft have valid KV
-        if req.num_computed > keep:
-            req.page_table.truncate(keep)
-            req.num_computed = keep
-        req.passes_saved += len(accepted) - 1
-        for i, tok in enumerate(accepted):
-            if self._append(req, tok, None, matcher_accepted=True, last=i == len(accepted) - 1):
-                return
-
-    def _settle(self, req: Request, tok: int, ahead: int) -> int:
-        """The budget guard's verdict on ``tok``, just accepted by the matcher as output token
-        ``len(output_ids) + ahead``: ``tok`` itself, or the token forced in its place."""
-        if req.budget is None:
-            return tok
-        n = len(req.output_ids) + ahead + 1                # output tokens including this one
-        left = min(req.params.max_tokens - n, self.max_context - len(req.prompt_ids) - n)
-        return req.budget.settle(req.matcher, tok, left).token
+        return self._check_finish(req, tok, stop, grammar_state=last)
 
     def _check_finish(self, req: Request, tok: int | None, stop: str | None,
                       grammar_state: bool = True) -> bool:

@@ -1,8 +1,10 @@
-"""Token sampling for one step: penalties, bans, grammar masks, greedy / temperature / top-k /
-top-p / min-p, per-request seeded generators, and logprobs.
+"""Token sampling for one step: penalties, bans, greedy / temperature / top-k / top-p / min-p,
+per-request seeded generators, and logprobs.
 
 Rows are independent: a row's result depends only on its own logits, parameters and generator,
-never on which other requests share the batch.
+never on which other requests share the batch. Grammar masks are not applied here: constrained
+rows go through :mod:`runtime.constrained_step`, which applies the mask between
+:func:`prepare_logits` and :func:`choose_tokens` (the order :func:`sample` uses).
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ class RowSpec:
     prompt_ids: Sequence[int] = ()
     output_ids: Sequence[int] = ()
     banned_ids: Sequence[int] = ()     # e.g. EOS while min_tokens is not reached
-    matcher: object | None = None      # grammar matcher (runtime.grammar) or None
     logprobs: int | None = None        # top-k alternatives wanted, None = no logprobs
     extra: dict = field(default_factory=dict)
 
@@ -78,21 +79,25 @@ def top_logprobs(logprobs: torch.Tensor, token: int, k: int) -> TokenLogprob:
     return TokenLogprob(token, float(logprobs[token]), top)
 
 
-def sample(logits: torch.Tensor, specs: Sequence[RowSpec]) -> tuple[list[int], list[TokenLogprob | None]]:
-    """Pick one token per row. logits: [N, V] float32 (modified in place)."""
-    assert logits.shape[0] == len(specs)
-    raw_lp = None
+def model_logprobs(logits: torch.Tensor, specs: Sequence[RowSpec]) -> torch.Tensor | None:
+    """``log_softmax`` of the untouched logits ``[N, V]`` when some row wants logprobs (they
+    report the model's distribution, before penalties, bans and masks), else ``None``."""
     if any(s.logprobs is not None for s in specs):
-        raw_lp = torch.log_softmax(logits, dim=-1)            # [N, V] model distribution
-    matchers = [s.matcher for s in specs]
+        return torch.log_softmax(logits, dim=-1)
+    return None
+
+
+def prepare_logits(logits: torch.Tensor, specs: Sequence[RowSpec]) -> None:
+    """Penalties and banned tokens, in place on ``logits [N, V]``."""
     for i, s in enumerate(specs):
         apply_penalties(logits[i], s)
         if s.banned_ids:
             logits[i, list(s.banned_ids)] = float("-inf")
-    if any(m is not None for m in matchers):
-        from runtime.grammar.mask import apply_grammar_masks
 
-        apply_grammar_masks(logits, matchers)
+
+def choose_tokens(logits: torch.Tensor, specs: Sequence[RowSpec]) -> list[int]:
+    """One token per row of prepared (and possibly masked) ``logits [N, V]``: greedy rows by
+    argmax (ties to the lowest id), the others drawn with their generator."""
     tokens = logits.argmax(dim=-1).tolist()                   # greedy for every row first
     for i, s in enumerate(specs):
         if s.params.greedy:
@@ -103,8 +108,21 @@ def sample(logits: torch.Tensor, specs: Sequence[RowSpec]) -> tuple[list[int], l
         if s.generator is not None:  # a seeded generator lives on the CPU: sample there
             probs = probs.to(s.generator.device)
         tokens[i] = int(torch.multinomial(probs, 1, generator=s.generator).item())
-    lps: list[TokenLogprob | None] = [
-        None if s.logprobs is None else top_logprobs(raw_lp[i], tokens[i], s.logprobs)
-        for i, s in enumerate(specs)
-    ]
-    return tokens, lps
+    return tokens
+
+
+def row_logprobs(raw_lp: torch.Tensor | None, tokens: Sequence[int],
+                 specs: Sequence[RowSpec]) -> list[TokenLogprob | None]:
+    """Each row's :class:`TokenLogprob` for its token (``None`` where not wanted); ``raw_lp``
+    from :func:`model_logprobs`."""
+    return [None if s.logprobs is None else top_logprobs(raw_lp[i], tokens[i], s.logprobs)
+            for i, s in enumerate(specs)]
+
+
+def sample(logits: torch.Tensor, specs: Sequence[RowSpec]) -> tuple[list[int], list[TokenLogprob | None]]:
+    """Pick one token per unconstrained row. logits: [N, V] float32 (modified in place)."""
+    assert logits.shape[0] == len(specs)
+    raw_lp = model_logprobs(logits, specs)                    # [N, V] or None
+    prepare_logits(logits, specs)
+    tokens = choose_tokens(logits, specs)
+    return tokens, row_logprobs(raw_lp, tokens, specs)

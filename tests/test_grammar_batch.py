@@ -17,7 +17,8 @@ from runtime.grammar import (
     make_grammar_backend,
 )
 from runtime.grammar.base import CompiledGrammar, GrammarBackend
-from runtime.grammar.jump_forward import draft_tokens, verify_draft
+from runtime.constrained_step import verify_draft
+from runtime.grammar.jump_forward import draft_tokens
 
 V = 49152
 KEY_HEAVY = {

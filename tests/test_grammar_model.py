@@ -17,7 +17,8 @@ import torch
 
 import data.schemas as S
 from runtime.grammar import apply_grammar_masks, constraint_from_params, make_grammar_backend
-from runtime.grammar.jump_forward import draft_tokens, verify_draft
+from runtime.constrained_step import verify_draft
+from runtime.grammar.jump_forward import draft_tokens
 
 pytestmark = pytest.mark.slow
 VOCAB_SIZE = 49152

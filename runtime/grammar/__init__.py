@@ -1,5 +1,6 @@
 """Structured generation: constraints, grammar backends, compiled-grammar cache, batch masks,
-jump-forward. See :mod:`runtime.grammar.base` for the matcher contract."""
+jump-forward drafts. See :mod:`runtime.grammar.base` for the matcher contract; one sampling step
+under a constraint is :mod:`runtime.constrained_step`."""
 
 from runtime.grammar.base import (
     BACKENDS,
@@ -18,7 +19,7 @@ from runtime.grammar.constraints import (
     Constraint,
     constraint_from_params,
 )
-from runtime.grammar.jump_forward import JumpForward, draft_tokens, jump_forward, verify_draft
+from runtime.grammar.jump_forward import JumpForward, draft_tokens, jump_forward
 from runtime.grammar.mask import (
     FilledBitmask,
     apply_grammar_bitmask,
@@ -31,5 +32,5 @@ __all__ = [
     "GrammarCache", "GrammarMatcher", "JumpForward", "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT",
     "REGEX_STR", "apply_grammar_bitmask", "apply_grammar_masks", "bitmask_width",
     "constraint_from_params", "draft_tokens", "fill_grammar_bitmask", "jump_forward",
-    "make_grammar_backend", "verify_draft",
+    "make_grammar_backend",
 ]

@@ -1,8 +1,9 @@
 """Jump-forward: turn the grammar's forced text into tokens without one decode step per token.
 
-Two modes. **Exact** (:func:`draft_tokens` + :func:`verify_draft`): the forced text is tokenized
-into a draft, the engine runs one extend step over it, and every position is sampled from the
-model's own (masked) distribution; draft tokens are kept while they match. Output is identical
+Two modes. **Exact** (:func:`draft_tokens` here, verified by :mod:`runtime.constrained_step`):
+the forced text is tokenized into a draft, the engine runs one extend step over it, and every
+position is sampled from the model's own (masked) distribution; draft tokens are kept while
+they match. Output is identical
 to decoding without jump-forward (also under seeded sampling) and matched draft tokens cost no
 extra forward passes. **Forced** (:func:`jump_forward`, SGLang-style): the forced tokens are
 appended without consulting the model, retokenizing at the boundary as described below; it
@@ -19,9 +20,7 @@ slots are stale) and append ``token_ids`` in one extend step.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
-
-import torch
+from typing import NamedTuple, Sequence
 
 from runtime.grammar.base import GrammarMatcher
 
@@ -86,52 +85,10 @@ def _decode(tokenizer, ids: list[int]) -> str:
 
 
 def draft_tokens(matcher: GrammarMatcher, tokenizer, max_tokens: int = 32) -> list[int]:
-    """The grammar's forced text as a token draft (``[]`` when nothing is forced), for exact
-    jump-forward with :func:`verify_draft`. The matcher is not changed."""
+    """The grammar's forced text as a token draft (``[]`` when nothing is forced), at most
+    ``max_tokens`` long, for exact jump-forward (verified by
+    :func:`runtime.constrained_step.verify_draft`). The matcher is not changed."""
     text = matcher.jump_forward_text()
     if not text:
         return []
     return tokenizer.encode(text, add_special_tokens=False)[:max_tokens]
-
-
-def verify_draft(
-    matcher: GrammarMatcher,
-    draft: Sequence[int],
-    logits: torch.Tensor,
-    sample: Callable[[int, torch.Tensor], int],
-    settle: Callable[[int, int], int] | None = None,
-) -> list[int]:
-    """Exact jump-forward: keep the draft tokens the model itself would have produced.
-
-    The engine ran one extend step over ``[last sampled token] + draft``; ``logits
-    [len(draft) + 1, V]`` are its logits at those positions (row i predicts the token after
-    ``draft[:i]``). Row by row: mask with the matcher's current state (in place), call
-    ``sample(i, row [1, V]) -> token`` (the request's own sampler: greedy, temperature, seeded
-    RNG, penalties over the tokens accepted so far), accept the token; continue while it equals
-    ``draft[i]``. Returns the accepted tokens: a prefix of ``draft`` plus the first token that
-    differs (or the token after a fully matched draft). Every token is drawn from exactly the
-    distribution sequential decoding would use, so outputs equal decoding without jump-forward
-    (greedy: identical text) while a matched draft prefix costs no extra forward passes.
-    KV entries of draft tokens past ``len(result) - 1`` are stale and must be dropped; the last
-    returned token has no KV yet (like any sampled token). Stops early at a stop token or when
-    the matcher terminates. ``settle(i, token) -> token``, called after each accept, may replace
-    the token (the budget guard, :mod:`runtime.grammar.budget`, forcing a completion; the
-    matcher then holds the replacement).
-    """
-    from runtime.grammar.mask import apply_grammar_masks
-
-    if logits.dim() != 2 or logits.shape[0] != len(draft) + 1:
-        raise ValueError(f"logits must be [{len(draft) + 1}, V], got {tuple(logits.shape)}")
-    out: list[int] = []
-    for i in range(len(draft) + 1):
-        row = logits[i : i + 1]
-        apply_grammar_masks(row, [matcher])
-        token = int(sample(i, row))
-        if not matcher.accept_token(token):
-            raise ValueError(f"sample returned token {token}, which the grammar mask forbids")
-        if settle is not None:
-            token = settle(i, token)
-        out.append(token)
-        if i == len(draft) or token != draft[i] or matcher.is_terminated():
-            break
-    return out
