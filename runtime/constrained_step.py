@@ -19,7 +19,9 @@ the step's logits, and returns per completion the tokens to append (:class:`Samp
    use and outputs do not depend on jump-forward.
 4. **Draft** the next step: the grammar's forced text as tokens, when jump-forward is on.
 
-On return each matcher holds exactly the returned tokens. The completion itself (output ids,
+A constrained row whose mask leaves no token at all is not sampled: its result carries a typed
+error instead (the request fails, the batch goes on). On return each matcher holds exactly the
+returned tokens. The completion itself (output ids,
 KV, finishing, streaming) is not touched: that is the caller's. :func:`verify_draft` is step 3
 on its own, for callers that run the model themselves (tests against HF transformers).
 """
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from runtime.errors import EngineError, ErrorCode
 from runtime.grammar import mask as grammar_mask
 from runtime.grammar.jump_forward import draft_tokens
 from runtime.sampler import (RowSpec, TokenLogprob, choose_tokens, model_logprobs,
@@ -53,6 +56,7 @@ class Sampled(NamedTuple):
     tokens: list[int]                     # to append in order; the matcher holds them all
     logprobs: list[TokenLogprob | None]   # one per token (None where not asked for)
     next_draft: list[int]                 # the next step's jump-forward draft ([]: none)
+    error: EngineError | None = None      # set (tokens empty) when the mask left no token
 
 
 class ConstrainedStep:
@@ -75,10 +79,14 @@ class ConstrainedStep:
         specs = [self._spec(j.req, ()) for j in jobs]
         raw_lp = model_logprobs(first, specs)           # [N, V] or None
         prepare_logits(first, specs)
-        grammar_mask.apply_grammar_masks(first, [j.req.matcher for j in jobs])
+        matchers = [j.req.matcher for j in jobs]
+        grammar_mask.apply_grammar_masks(first, matchers)
+        dead = _dead_rows(first, matchers)
+        first[dead] = 0.0                               # not sampled from: see below
         tokens = choose_tokens(first, specs)
         lps = row_logprobs(raw_lp, tokens, specs)
-        return [self._complete(j, tok, lp, logits) for j, tok, lp in zip(jobs, tokens, lps)]
+        return [_no_token(j.req) if i in dead else self._complete(j, tok, lp, logits)
+                for i, (j, tok, lp) in enumerate(zip(jobs, tokens, lps))]
 
     def _complete(self, job: StepJob, token: int, lp: TokenLogprob | None,
                   logits: torch.Tensor) -> Sampled:
@@ -87,25 +95,29 @@ class ConstrainedStep:
         if req.matcher is None:
             return Sampled([token], [lp], [])
 
-        def pick(i: int) -> int:
+        def pick(i: int) -> int | None:
             if i == 0:
                 return token
             return self._sample_row(req, logits[job.first_row + i], req.draft[:i])
 
         out = _verify(req.matcher, req.draft, pick, lambda i, tok: self._settle(req, tok, i))
+        if out is None:                          # a draft row allowed no token
+            return _no_token(req)
         if out[0] != token and lp is not None:   # the budget guard replaced the sampled token
             raw = torch.log_softmax(logits[job.first_row].float(), -1)   # [V]
             lp = top_logprobs(raw, out[0], len(lp.top))
         lps = [lp] + [None] * (len(out) - 1)      # a draft runs only without logprobs
         return Sampled(out, lps, self._next_draft(req, len(out)))
 
-    def _sample_row(self, req: Request, row: torch.Tensor, ahead: Sequence[int]) -> int:
+    def _sample_row(self, req: Request, row: torch.Tensor, ahead: Sequence[int]) -> int | None:
         """A draft row ``[V]``: the token after the output plus ``ahead``, masked by the
-        matcher's current state."""
+        matcher's current state; ``None`` when the mask allows no token."""
         spec = self._spec(req, ahead)
         x = row.unsqueeze(0).clone()    # [1, V]; a copy: the row may be an inference tensor
         prepare_logits(x, [spec])
         grammar_mask.apply_grammar_masks(x, [req.matcher])
+        if _dead_rows(x, [req.matcher]):
+            return None
         return choose_tokens(x, [spec])[0]
 
     def _spec(self, req: Request, ahead: Sequence[int]) -> RowSpec:
@@ -139,6 +151,25 @@ class ConstrainedStep:
         return draft_tokens(req.matcher, self.tokenizer, max_tokens=min(MAX_DRAFT, left))
 
 
+def _dead_rows(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> list[int]:
+    """Constrained rows of masked ``logits [N, V]`` that allow no token at all (a constraint
+    with a dead end that submit-time checks could not prove, e.g. without a budget guard)."""
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return []
+    idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    none_left = torch.isneginf(logits.index_select(0, idx)).all(dim=-1).tolist()   # [R]
+    return [i for i, d in zip(rows, none_left) if d]
+
+
+def _no_token(req: Request) -> Sampled:
+    """The result for a constrained row with no allowed token: nothing sampled, a typed error
+    (the request fails; the rest of the batch goes on)."""
+    return Sampled([], [], [], EngineError(
+        ErrorCode.INVALID_CONSTRAINT, req.params.constraint_field(),
+        "no token can continue the output here: the constraint admits no further text"))
+
+
 def verify_draft(
     matcher: GrammarMatcher,
     draft: Sequence[int],
@@ -167,16 +198,21 @@ def verify_draft(
         grammar_mask.apply_grammar_masks(row, [matcher])
         return int(sample(i, row))
 
-    return _verify(matcher, draft, pick, settle)
+    out = _verify(matcher, draft, pick, settle)
+    assert out is not None              # pick always returns a token
+    return out
 
 
-def _verify(matcher: GrammarMatcher, draft: Sequence[int], pick: Callable[[int], int],
-            settle: Callable[[int, int], int] | None) -> list[int]:
+def _verify(matcher: GrammarMatcher, draft: Sequence[int], pick: Callable[[int], int | None],
+            settle: Callable[[int, int], int] | None) -> list[int] | None:
     """Accept ``pick(i)`` (a token sampled from row i under the matcher's mask) for i = 0, 1,
-    ... while the settled token matches ``draft[i]``; see :func:`verify_draft`."""
+    ... while the settled token matches ``draft[i]``; see :func:`verify_draft`. ``None`` when
+    ``pick`` finds no allowed token (the matcher keeps the tokens accepted before)."""
     out: list[int] = []
     for i in range(len(draft) + 1):
         token = pick(i)
+        if token is None:
+            return None
         if not matcher.accept_token(token):
             raise ValueError(f"sample returned token {token}, which the grammar mask forbids")
         if settle is not None:

@@ -110,10 +110,14 @@ class OutputProcessor:
         return [req] + siblings
 
     def _take(self, req: Request, sampled: Sampled, start: int) -> None:
-        """Append the step's tokens of ``req`` (its matcher holds them already). After a draft
-        only the last token and the matched draft prefix keep their KV (from ``start``, the
-        position of the token before the draft); appending stops at a finish."""
+        """Append the step's tokens of ``req`` (its matcher holds them already), or fail it with
+        the step's error. After a draft only the last token and the matched draft prefix keep
+        their KV (from ``start``, the position of the token before the draft); appending stops
+        at a finish."""
         drafted, req.draft = len(req.draft), []
+        if sampled.error is not None:
+            self.finish(req, "abort", error=sampled.error)
+            return
         if drafted:
             keep = start + len(sampled.tokens)
             if req.num_computed > keep:
