@@ -292,6 +292,12 @@ class Engine:
         """The compiled-grammar cache (created on first use: most engines never need it)."""
         return self.grammars.get()
 
+    def compile_constraint(self, params: SamplingParams, budget_field: str = "max_tokens"):
+        """Compile and check ``params``' constraint as submit would (blocking; see
+        :meth:`RequestBuilder.compile_constraint`): a caller that must refuse bad constraints
+        before submitting (the server) calls this first, and submit then reuses its work."""
+        return self.builder.compile_constraint(params, budget_field)
+
     def _make_grammar_cache(self):
         from runtime.grammar.base import make_grammar_backend
         from runtime.grammar.cache import GrammarCache

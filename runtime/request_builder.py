@@ -10,6 +10,7 @@ import itertools
 import random
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +22,7 @@ from runtime.request import Request, RequestGroup
 from runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from runtime.grammar.base import CompiledGrammar
     from runtime.grammar.cache import GrammarCache
 
 
@@ -95,33 +97,36 @@ class RequestBuilder:
         if params.prompt_logprobs is not None and logprob_start is None:
             logprob_start = 1
         ns = self.namespace_base + ((params.cache_salt,) if params.cache_salt else ())
-        group = RequestGroup(rid or f"req-{next(self._ids)}", ids, params, ns,
-                             prefill_only=prefill_only, logprob_start=logprob_start)
-        self._compile_constraint(group)
-        return group
+        grammar = self.compile_constraint(params, check_budget=not prefill_only)
+        return RequestGroup(rid or f"req-{next(self._ids)}", ids, params, ns,
+                            prefill_only=prefill_only, logprob_start=logprob_start,
+                            grammar=grammar)
 
-    def _compile_constraint(self, group: RequestGroup) -> None:
-        """Validate the group's constraint and start compiling it (``ValueError`` if bad)."""
-        p = group.params
-        if not p.has_constraint:
-            return
-        from runtime.grammar.constraints import CONSTRAINT_FIELDS, constraint_from_params
+    def compile_constraint(self, params: SamplingParams, budget_field: str = "max_tokens",
+                           check_budget: bool = True) -> Future[CompiledGrammar] | None:
+        """The one place a request's constraint is compiled (``None`` when it has none): the
+        constraint normalised once by ``params.constraint``, compiled once per engine by the
+        grammar cache (later requests with an equal constraint share it). With
+        ``params.complete_within_budget`` and ``check_budget`` this waits for the compilation
+        and refuses, before anything is queued, a constraint no output satisfies
+        (``UnsatisfiableConstraint``) and a budget below its shortest valid output
+        (``BudgetTooSmall`` naming ``budget_field``; the minimum is searched once per compiled
+        grammar). Other compile failures (a constraint this backend does not support) are left
+        in the returned future. ``ValueError`` naming the field for a bad constraint. Any
+        thread (the server calls it off its event loop first, so submit finds all of it done)."""
+        c = params.constraint
+        if c is None:
+            return None
+        fut = self.grammars.get().submit(c)
+        if params.complete_within_budget and check_budget:
+            from runtime.grammar.budget import check_budget as check
 
-        c = constraint_from_params(json_indent=p.json_indent,
-                                   **{k: getattr(p, k) for k in CONSTRAINT_FIELDS})
-        group.grammar = self.grammars.get().submit(c)
-        if p.complete_within_budget and not group.prefill_only:
-            from runtime.grammar.budget import check_budget
-
-            # Waits for the compilation: an unsatisfiable constraint or a budget below the
-            # shortest valid output is refused here, before anything is queued. A constraint
-            # the backend cannot compile is reported as before, when the request starts.
             try:
-                compiled = group.grammar.result()
+                compiled = fut.result()
             except ValueError:
-                return
-            field = "value_type" if c.kind == "type" else c.kind
-            check_budget(compiled, p.max_tokens, "max_tokens", field)
+                return fut
+            check(compiled, params.max_tokens, budget_field, params.constraint_field())
+        return fut
 
     # ---- requests (stepping thread) ------------------------------------------------------
     def request(self, group: RequestGroup, index: int) -> Request:

@@ -7,11 +7,12 @@ fields raise ``ValueError`` listing the accepted ones (``SamplingParams(bogus=1)
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.agent_stats import check_label
-from runtime.grammar.constraints import CONSTRAINT_FIELDS
+from runtime.grammar.constraints import CONSTRAINT_FIELDS, Constraint, constraint_from_params
 from runtime.priority import check_priority
 
 
@@ -89,6 +90,15 @@ class SamplingParams:
     @property
     def has_constraint(self) -> bool:
         return self.constraint_field() is not None
+
+    @functools.cached_property
+    def constraint(self) -> Constraint | None:
+        """The output constraint, normalised and validated once (on first use: at submit);
+        ``None`` when none is set. ``ValueError`` naming the field for a bad or unsatisfiable
+        constraint (not remembered: raised again on the next use). Set the constraint fields
+        before first use: later changes are not seen."""
+        return constraint_from_params(json_indent=self.json_indent,
+                                      **{k: getattr(self, k) for k in CONSTRAINT_FIELDS})
 
     def constraint_field(self) -> str | None:
         """The name of the output-constraint field that is set, if any."""

@@ -25,11 +25,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from runtime.grammar.base import CompiledGrammar, GrammarMatcher
-from runtime.grammar.completion import SearchResult
-
-
-class UnsatisfiableConstraint(ValueError):
-    """No output satisfies the constraint (e.g. ``minItems`` > ``maxItems``)."""
+from runtime.grammar.satisfiable import UnsatisfiableConstraint
 
 
 class BudgetTooSmall(ValueError):
@@ -47,21 +43,17 @@ class Settled(NamedTuple):
     forced: bool    # True when the sampled token was replaced
 
 
-def start_plan(compiled: CompiledGrammar, matcher: GrammarMatcher,
-               field: str) -> SearchResult:
-    """The search from a fresh matcher; ``UnsatisfiableConstraint`` naming ``field`` (the
-    constraint's field) when the search proves no valid output exists."""
-    result = compiled.completion.search(matcher)
-    if result.tokens is None and result.exhausted:
-        raise UnsatisfiableConstraint(f"{field}: no output satisfies this constraint")
-    return result
-
-
 def minimum_tokens(compiled: CompiledGrammar, field: str) -> int | None:
-    """Fewest tokens of a valid output (the plan from the start state), ``None`` when the
-    search gave up (the budget is then not guaranteed for this constraint)."""
-    result = start_plan(compiled, compiled.new_matcher(), field)
-    return None if result.tokens is None else len(result.tokens)
+    """Fewest tokens of a valid output (the plan from the start state, searched once per
+    compiled grammar), ``None`` when the search gave up (the budget is then not guaranteed for
+    this constraint). ``UnsatisfiableConstraint`` naming ``field`` (the constraint's field)
+    when the start state allows no token at all."""
+    result = compiled.completion.from_start(compiled.new_matcher)
+    if result.tokens is not None:
+        return len(result.tokens)
+    if not compiled.new_matcher().allowed_token_ids():
+        raise UnsatisfiableConstraint(f"{field}: no output satisfies this constraint")
+    return None
 
 
 def check_budget(compiled: CompiledGrammar, budget: int, budget_field: str,

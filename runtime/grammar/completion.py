@@ -27,6 +27,8 @@ verification unless the request entered a state never seen before.
 from __future__ import annotations
 
 import heapq
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -116,7 +118,16 @@ class ShortestCompletion:
         self.max_nodes = max_nodes
         self.bfs_nodes = bfs_nodes
         self._memo: dict[object, bytes] = {}
-        self._row = torch.zeros(1, bitmask_width(table.vocab.vocab_size), dtype=torch.int32)
+        self._start: SearchResult | None = None
+        self._scratch = threading.local()   # per-thread mask row: the engine loop searches
+                                            # while a server thread checks a new request
+
+    def from_start(self, new_matcher: Callable[[], GrammarMatcher]) -> SearchResult:
+        """The search from a fresh matcher (``new_matcher()``), done once and remembered (the
+        submit-time budget check of every request with this grammar)."""
+        if self._start is None:
+            self._start = self.search(new_matcher())
+        return self._start
 
     def search(self, matcher: GrammarMatcher) -> SearchResult:
         """A verified shortest completion from ``matcher``'s state (state unchanged)."""
@@ -281,8 +292,12 @@ class ShortestCompletion:
             ids = self._byte_split(forced)
             if ids is not None:
                 return [ids]
-        matcher.fill_mask(self._row, 0)
-        words = self._row[0].tolist()
+        row = getattr(self._scratch, "row", None)
+        if row is None:
+            width = bitmask_width(self.table.vocab.vocab_size)
+            row = self._scratch.row = torch.zeros(1, width, dtype=torch.int32)   # [1, W]
+        matcher.fill_mask(row, 0)
+        words = row[0].tolist()
         allowed = [(b, tok) for b, tok in self.table.byte_tokens if (words[tok >> 5] >> (tok & 31)) & 1]
         if len(allowed) > FREE_TEXT_BYTES:  # free text: one byte per class stands for the rest
             first: dict[str, int] = {}

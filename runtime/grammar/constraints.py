@@ -4,7 +4,8 @@ A request may set at most one of ``json_schema``, ``regex``, ``choices``, ``gram
 ``value_type``; :func:`constraint_from_params` checks it, validates it (JSON schema against its
 metaschema, regex compiles, Lark grammar parses with the ``lark`` package) and returns a frozen,
 hashable :class:`Constraint` whose ``spec`` is canonical text, so equal constraints share one
-compiled grammar in the cache. Every user mistake raises ``ValueError`` naming the field.
+compiled grammar in the cache. Every user mistake raises ``ValueError`` naming the field,
+including constraints no output satisfies (:mod:`runtime.grammar.satisfiable`).
 Backend-specific limits (an unsupported JSON-schema keyword, a regex feature a backend lacks) are
 reported by the backend when it compiles, also as ``ValueError``.
 """
@@ -16,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.grammar.satisfiable import check_regex_matches_something, check_schema_consistent
 from runtime.typed_values import (REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR,  # noqa: F401
                                   VALUE_TYPE_REGEX)
 
@@ -108,12 +110,12 @@ def constraint_from_params(
     return Constraint("type", value_type)
 
 
-def _normalize_schema(schema: dict | str | type) -> str:
+def _normalize_schema(schema: dict | str | type, field: str = "json_schema") -> str:
     if isinstance(schema, type):
         dump = getattr(schema, "model_json_schema", None)
         if dump is None:
             raise ValueError(
-                f"json_schema: a class must be a pydantic BaseModel subclass, got {schema.__name__}"
+                f"{field}: a class must be a pydantic BaseModel subclass, got {schema.__name__}"
             )
         schema = dump()
     elif isinstance(schema, str):
@@ -121,11 +123,11 @@ def _normalize_schema(schema: dict | str | type) -> str:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise ValueError(
-                f"json_schema: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
+                f"{field}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
             ) from None
     if not isinstance(schema, dict):
         raise ValueError(
-            f"json_schema: must be a JSON object (dict), got {type(schema).__name__}"
+            f"{field}: must be a JSON object (dict), got {type(schema).__name__}"
         )
     import jsonschema
 
@@ -133,11 +135,12 @@ def _normalize_schema(schema: dict | str | type) -> str:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        raise ValueError(f"json_schema: invalid JSON schema at {where}: {e.message}") from None
+        raise ValueError(f"{field}: invalid JSON schema at {where}: {e.message}") from None
+    check_schema_consistent(schema, field)
     try:
         return json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"json_schema: not serializable as JSON: {e}") from None
+        raise ValueError(f"{field}: not serializable as JSON: {e}") from None
 
 
 def _normalize_tools(tools: list[dict]) -> str:
@@ -147,7 +150,10 @@ def _normalize_tools(tools: list[dict]) -> str:
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
             raise ValueError(f"tool_calls: item {i} needs a non-empty string name")
-        params = json.loads(_normalize_schema(t.get("parameters", {"type": "object"})))
+        if any(t["name"] == o["name"] for o in out):
+            raise ValueError(f"tool_calls: item {i}: duplicate tool name {t['name']!r}")
+        params = json.loads(_normalize_schema(t.get("parameters", {"type": "object"}),
+                                              "tool_calls"))
         out.append({"name": t["name"], "parameters": params})
     return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
 
@@ -161,6 +167,7 @@ def _validate_regex(regex: str) -> str:
         re.compile(regex)
     except re.error as e:
         raise ValueError(f"regex: invalid regular expression at position {e.pos}: {e.msg}") from None
+    check_regex_matches_something(regex)
     return regex
 
 

@@ -185,13 +185,14 @@ async def _check_constraints(state: ServerState, items: list[Item]) -> None:
     """Compile each constraint (prefill-only ones too: checked, then not applied)."""
     for item in items:
         if item.constraint:
-            applied = not item.sampling.prefill_only      # prefill only: compiled, not applied
-            try:
-                probe = SamplingParams(**item.constraint, max_tokens=item.params.max_tokens,
-                                       complete_within_budget=applied)
-            except ValueError as e:
-                raise from_value_error(e, {"grammar": "lark_grammar"}, "sampling_params") \
-                    from None
+            if not item.sampling.prefill_only:   # the params submitted: normalised once
+                probe = item.params
+            else:                                # prefill only: compiled, checked, not applied
+                try:
+                    probe = SamplingParams(**item.constraint, complete_within_budget=False)
+                except ValueError as e:
+                    raise from_value_error(e, {"grammar": "lark_grammar"}, "sampling_params") \
+                        from None
             prefix = "" if "grammar" in item.constraint else "sampling_params."
             await state.compile_constraint(probe, "lark_grammar" if not prefix else None,
                                            prefix, "sampling_params.max_new_tokens")

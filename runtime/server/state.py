@@ -108,29 +108,27 @@ class ServerState:
 
     async def compile_constraint(self, params: SamplingParams, param: str | None,
                                  prefix: str = "", budget_param: str = "max_tokens") -> None:
-        """Validate and compile ``params``' constraint before the request is accepted, so a bad
-        schema / regex / grammar, an unsatisfiable one, or a budget below its shortest valid
-        output is a 400 (not a failed stream), and the engine finds the compiled grammar in
-        its cache. Compilation runs off the event loop. Errors name ``param``, or
+        """Validate and compile ``params``' constraint before the request is accepted (through
+        the engine's one owner, :meth:`Engine.compile_constraint`), so a bad schema / regex /
+        grammar, an unsatisfiable one, or a budget below its shortest valid output is a 400
+        (not a failed stream), and the engine's submit finds all of it done (the normalised
+        constraint on ``params``, the compiled grammar and its minimum cached). Compilation
+        runs off the event loop. Errors name ``param``, or
         ``prefix + <engine field>`` when ``param`` is None; the budget error names
         ``budget_param``."""
         if not params.has_constraint:
             return
-        from runtime.grammar.budget import BudgetTooSmall, check_budget
-        from runtime.grammar.constraints import CONSTRAINT_FIELDS, constraint_from_params
+        from runtime.grammar.budget import BudgetTooSmall
+        from runtime.grammar.constraints import CONSTRAINT_FIELDS
 
         try:
-            c = constraint_from_params(json_indent=params.json_indent,
-                                       **{k: getattr(params, k) for k in CONSTRAINT_FIELDS})
             if self._grammar_lock is None:
                 self._grammar_lock = asyncio.Lock()
             async with self._grammar_lock:       # the first call builds the backend's vocab
-                cache = await asyncio.to_thread(self.engine.grammar_cache)
-            compiled = await asyncio.to_thread(cache.get, c)
-            if params.complete_within_budget:
-                field = "value_type" if c.kind == "type" else c.kind
-                await asyncio.to_thread(check_budget, compiled, params.max_tokens,
-                                        budget_param, field)
+                await asyncio.to_thread(self.engine.grammar_cache)
+            grammar = await asyncio.to_thread(self.engine.compile_constraint, params,
+                                              budget_param)
+            await asyncio.wrap_future(grammar)   # a constraint the backend does not support
         except BudgetTooSmall as e:             # its message names budget_param already
             raise bad_request(str(e), budget_param, code="budget_too_small") from None
         except ValueError as e:
