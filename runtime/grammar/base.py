@@ -12,12 +12,18 @@ Token mask layout (shared by every backend and by :mod:`runtime.grammar.mask`): 
 
 Special tokens are never allowed. Stop tokens (EOS) are allowed exactly when the text accepted so
 far is a complete match; accepting one ends the match (``is_terminated()``).
+
+Applying a bitmask to logits is a :data:`BitmaskKernel`, which a matcher names
+(:meth:`GrammarMatcher.mask_kernel`): :func:`torch_bitmask_kernel` (pure torch, the reference)
+unless its backend has a faster one. This module and the other backend-neutral ones
+(``mask``, ``vocab``, ``completion``, ``budget``, ``jump_forward``, ``constraints``) import no
+grammar library; everything xgrammar-specific lives in :mod:`runtime.grammar.xgrammar_backend`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,6 +35,10 @@ if TYPE_CHECKING:
     from runtime.grammar.completion import ShortestCompletion, TokenTable
 
 BACKENDS = ("xgrammar", "outlines")
+
+# (logits [N, V'] V' >= V, bitmask [N, ceil(V/32)] int32 on the logits' device, V, rows or None
+# for all) -> None: set the logits of tokens < V whose bit is 0 to -inf, in the given rows only.
+BitmaskKernel = Callable[[torch.Tensor, torch.Tensor, int, "Sequence[int] | None"], None]
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -54,6 +64,16 @@ def ids_to_bitmask_row(ids, vocab_size: int) -> torch.Tensor:
     bits[list(ids)] = 1
     words = (bits.view(-1, 32) << torch.arange(32, dtype=torch.int64)).sum(-1)  # [W] in [0, 2^32)
     return (words - (words >= 2**31).long() * 2**32).to(torch.int32)  # two's-complement wrap
+
+
+def torch_bitmask_kernel(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int,
+                         rows: Sequence[int] | None) -> None:
+    """The reference :data:`BitmaskKernel` in plain torch (any device; row by row, so memory
+    stays ``O(V)``). Exact, but on CPU about 10x slower than xgrammar's kernel."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    for r in (range(logits.shape[0]) if rows is None else rows):
+        allowed = ((bitmask[r].unsqueeze(-1) >> shifts) & 1).view(-1)[:vocab_size]  # [V]
+        logits[r, :vocab_size].masked_fill_(allowed == 0, float("-inf"))
 
 
 class GrammarMatcher(ABC):
@@ -114,6 +134,11 @@ class GrammarMatcher(ABC):
         bytes (``position`` is the current step); ``None`` (the default) when :meth:`state_key` is exact."""
         return None
 
+    def mask_kernel(self) -> BitmaskKernel:
+        """The kernel that applies this matcher's bitmask rows to logits (every kernel obeys
+        the same layout, so any of them may apply a batch mixing backends)."""
+        return torch_bitmask_kernel
+
     def allowed_token_ids(self) -> list[int]:
         """The allowed next tokens as a sorted list (for tests and debugging; allocates)."""
         row = torch.zeros(1, bitmask_width(self.vocab.vocab_size), dtype=torch.int32)
@@ -163,8 +188,12 @@ def make_grammar_backend(
     if not isinstance(vocab_size, int) or vocab_size <= 0:
         raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
     from runtime.grammar.vocab import build_vocab
+    from runtime.grammar.xgrammar_backend import decoded_vocab
 
-    vocab = build_vocab(tokenizer, vocab_size, stop_token_ids)
+    # xgrammar's tokenizer decoder (byte-level BPE, SentencePiece byte fallback, raw) serves
+    # both backends: the vocabulary is backend-neutral once decoded.
+    vocab = build_vocab(tokenizer, vocab_size, decoded_vocab(tokenizer, vocab_size),
+                        stop_token_ids)
     if name == "xgrammar":
         from runtime.grammar.xgrammar_backend import XGrammarBackend
 

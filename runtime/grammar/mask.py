@@ -2,8 +2,9 @@
 
 Two halves, so the engine can fill the masks on the CPU while the model runs, then apply them
 to the logits when they arrive: :func:`fill_grammar_bitmask` (CPU, per constrained row) and
-:func:`apply_grammar_bitmask` (one kernel over the batch; xgrammar's CPU kernel or its GPU
-kernel). :func:`apply_grammar_masks` does both. Only rows with a matcher are filled and masked;
+:func:`apply_grammar_bitmask` (one kernel over the batch: the one the matchers name, see
+:meth:`GrammarMatcher.mask_kernel`; xgrammar's CPU or GPU kernel for both backends today).
+:func:`apply_grammar_masks` does both. Only rows with a matcher are filled and masked;
 a batch without constrained rows returns before allocating anything, and unconstrained rows are
 never read or written.
 """
@@ -14,7 +15,8 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from runtime.grammar.base import GrammarMatcher, bitmask_width
+from runtime.grammar.base import (BitmaskKernel, GrammarMatcher, bitmask_width,
+                                  torch_bitmask_kernel)
 
 
 class FilledBitmask(NamedTuple):
@@ -22,6 +24,7 @@ class FilledBitmask(NamedTuple):
     rows: list[int]        # batch rows that have a matcher (non-empty)
     batch: int             # N: rows in the logits this mask is for
     vocab_size: int        # V
+    kernel: BitmaskKernel = torch_bitmask_kernel   # applies it (the first matcher's)
 
 
 def fill_grammar_bitmask(
@@ -51,7 +54,7 @@ def fill_grammar_bitmask(
                 "build the grammar backend with the model's vocab_size"
             )
         m.fill_mask(bitmask, i)
-    return FilledBitmask(bitmask, rows, n, vocab_size)
+    return FilledBitmask(bitmask, rows, n, vocab_size, matchers[rows[0]].mask_kernel())
 
 
 def apply_grammar_bitmask(logits: torch.Tensor, filled: FilledBitmask | None) -> None:
@@ -63,13 +66,11 @@ def apply_grammar_bitmask(logits: torch.Tensor, filled: FilledBitmask | None) ->
         raise ValueError(
             f"logits must be [{filled.batch}, {filled.vocab_size}], got {tuple(logits.shape)}"
         )
-    import xgrammar as xgr
-
     mask = filled.bitmask[: filled.batch]
     if logits.device.type != "cpu":
         mask = mask.to(logits.device, non_blocking=mask.is_pinned())
     rows = filled.rows if len(filled.rows) < filled.batch else None
-    xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=filled.vocab_size, indices=rows)
+    filled.kernel(logits, mask, filled.vocab_size, rows)
 
 
 def apply_grammar_masks(

@@ -13,6 +13,9 @@ index only keeps transitions that stay in the final loop; e.g. for ``[0-9]+(\\.[
 the token ``3`` it allows digits and EOS but not ``.``, and for choices ``a``/``ab`` (tokenized
 ``a``, ``b``) it stops at ``a``. Outputs still always match (a subset of the language is
 generated); JSON is unaffected because its only final state is after the closing bracket.
+
+The tokenizer's vocabulary is decoded and the masks are applied with xgrammar's decoder and
+kernel (:mod:`runtime.grammar.xgrammar_backend`), so this backend needs xgrammar installed too.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import json
 
 import torch
 
-from runtime.grammar.base import CompiledGrammar, GrammarBackend, GrammarMatcher
+from runtime.grammar.base import BitmaskKernel, CompiledGrammar, GrammarBackend, GrammarMatcher
 from runtime.grammar.completion import ShortestCompletion, TokenTable
 from runtime.grammar.constraints import Constraint
 from runtime.grammar.schema_support import check_schema_support
 from runtime.grammar.schema_unroll import bound_recursion
 from runtime.grammar.vocab import TokenVocab
+from runtime.grammar.xgrammar_backend import xgrammar_bitmask_kernel
 
 MAX_ROLLBACK_TOKENS = 1 << 16
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
@@ -165,6 +169,9 @@ class OutlinesMatcher(GrammarMatcher):
         self._guide = oc.Guide(compiled.index, max_rollback=MAX_ROLLBACK_TOKENS)
         self._stopped = False
         self._history: list[bool] = []  # per accepted token: True = advanced, False = stop token
+
+    def mask_kernel(self) -> BitmaskKernel:
+        return xgrammar_bitmask_kernel   # same layout; ~10x faster on CPU than the torch one
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
         out = bitmask[row]

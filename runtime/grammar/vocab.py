@@ -27,13 +27,13 @@ class TokenVocab:
 
 
 def build_vocab(
-    tokenizer, vocab_size: int, stop_token_ids: Sequence[int] | None = None
+    tokenizer, vocab_size: int, decoded: Sequence[bytes],
+    stop_token_ids: Sequence[int] | None = None,
 ) -> TokenVocab:
-    """Decode every token of a Hugging Face tokenizer to bytes (byte-level BPE, SentencePiece
-    byte-fallback and raw vocabularies, via xgrammar's decoder). ``stop_token_ids`` defaults to
+    """The vocabulary of a Hugging Face tokenizer whose tokens decode to ``decoded[id]`` (raw
+    bytes, ``vocab_size`` entries, ``b""`` for ids without text: see
+    :func:`runtime.grammar.xgrammar_backend.decoded_vocab`). ``stop_token_ids`` defaults to
     ``[tokenizer.eos_token_id]``."""
-    import xgrammar as xgr
-
     if stop_token_ids is None:
         if tokenizer.eos_token_id is None:
             raise ValueError("stop_token_ids: the tokenizer has no eos_token_id; pass them explicitly")
@@ -41,9 +41,9 @@ def build_vocab(
     stop_ids = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
     if not stop_ids or not all(0 <= t < vocab_size for t in stop_ids):
         raise ValueError(f"stop_token_ids: must be non-empty ids below vocab_size={vocab_size}")
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-    decoded = list(info.decoded_vocab)
-    assert len(decoded) == vocab_size, (len(decoded), vocab_size)
+    decoded = list(decoded)
+    if len(decoded) != vocab_size:
+        raise ValueError(f"decoded: {len(decoded)} token strings for vocab_size={vocab_size}")
     special = {i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special}
     special |= set(getattr(tokenizer, "all_special_ids", ()))
     special |= {i for i, b in enumerate(decoded) if not b}

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 import torch
 
 from runtime.grammar.base import (
+    BitmaskKernel,
     CompiledGrammar,
     GrammarBackend,
     GrammarMatcher,
@@ -34,6 +36,24 @@ _ITEM = re.compile(r"rule_id=(\d+), sequence_id=(\d+), element_id=(\d+), "
                    r"rule_start_pos=(-?\d+), sub_element_id=(\d+)")
 _FIELD = {"json_schema": "json_schema", "regex": "regex", "choices": "choices",
           "grammar": "grammar", "type": "value_type", "tool_calls": "tool_calls"}
+
+
+def decoded_vocab(tokenizer, vocab_size: int) -> list[bytes]:
+    """Every token of a Hugging Face tokenizer as raw bytes (``vocab_size`` entries; byte-level
+    BPE, SentencePiece byte fallback and raw vocabularies), by xgrammar's decoder."""
+    import xgrammar as xgr
+
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+    return list(info.decoded_vocab)
+
+
+def xgrammar_bitmask_kernel(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int,
+                            rows: Sequence[int] | None) -> None:
+    """xgrammar's :data:`~runtime.grammar.base.BitmaskKernel` (CPU, or CUDA/Triton on GPU)."""
+    import xgrammar as xgr
+
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size,
+                                    indices=None if rows is None else list(rows))
 
 
 class XGrammarBackend(GrammarBackend):
@@ -123,6 +143,9 @@ class XGrammarMatcher(GrammarMatcher):
         self._accepted = 0
         self._version = 0  # bumps on every state change; keys the is_terminated cache
         self._final_cache: tuple[int, bool] = (-1, False)
+
+    def mask_kernel(self) -> BitmaskKernel:
+        return xgrammar_bitmask_kernel
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
         if self._m.is_terminated():
