@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.grammar.satisfiable import check_regex_matches_something, check_schema_consistent
+from runtime.grammar.satisfiable import (check_lark_productive, check_regex_matches_something,
+                                         check_schema_consistent)
 from runtime.typed_values import (REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR,  # noqa: F401
                                   VALUE_TYPE_REGEX)
 
@@ -187,5 +188,6 @@ def _validate_lark(grammar: str) -> str:
         raise ValueError(f"grammar: must be a Lark grammar string, got {type(grammar).__name__}")
     from runtime.grammar.lark_ebnf import load_lark
 
-    load_lark(grammar)  # raises ValueError("grammar: ... at line L, column C ...")
+    parser = load_lark(grammar)  # raises ValueError("grammar: ... at line L, column C ...")
+    check_lark_productive(parser)
     return grammar

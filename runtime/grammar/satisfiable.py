@@ -15,7 +15,12 @@ backend compiles it, so both backends refuse them alike and at submit).
   ``jsonschema`` itself, skipped where the rest uses ``$ref``). Such a subschema is a mistake
   even where a sibling ``anyOf`` branch could match, and is refused wherever it sits.
 
-Both raise :class:`UnsatisfiableConstraint`, a ``ValueError`` whose message starts with the
+* **Lark grammars with a rule that derives no finite text** (:func:`check_lark_productive`):
+  every alternative recurses forever (``x: "c" x``) or needs a terminal that matches nothing.
+  Such a rule is refused even where an alternative avoids it (its forced text would never end:
+  xgrammar runs out of memory computing it).
+
+All raise :class:`UnsatisfiableConstraint`, a ``ValueError`` whose message starts with the
 constraint's field.
 """
 
@@ -92,6 +97,28 @@ def _class_empty(items) -> bool:
             return False
         covered = max(covered, hi + 1)
     return covered > _MAX_CODEPOINT
+
+
+# ---- Lark grammars -----------------------------------------------------------------------------
+def check_lark_productive(parser, field: str = "grammar") -> None:
+    """``UnsatisfiableConstraint`` naming the first rule (in grammar order) of a loaded ``Lark``
+    ``parser`` that derives no finite text (the classic productive-symbol fixpoint)."""
+    terminals = {t.name: t for t in parser.terminals}
+    productive = {name for name, t in terminals.items()
+                  if t.pattern.type == "str" or not _seq_empty(sre.parse(t.pattern.to_regexp()))}
+    rules = [(r.origin.name, r.expansion) for r in parser.rules]
+    changed = True
+    while changed:
+        changed = False
+        for name, expansion in rules:
+            if name not in productive and all(sym.name in productive for sym in expansion):
+                productive.add(name)
+                changed = True
+    for name, _ in rules:
+        if name not in productive:
+            raise UnsatisfiableConstraint(
+                f"{field}: rule {name} derives no finite text (each alternative recurses "
+                "forever or needs a terminal that matches nothing)")
 
 
 # ---- JSON schemas -----------------------------------------------------------------------------
