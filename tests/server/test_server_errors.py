@@ -68,6 +68,14 @@ CASES = [
     ("bad-regex", "POST", CHAT, chat(regex="(unclosed"), 400, "regex"),
     ("bad-grammar", "POST", CHAT, chat(grammar="start: ???"), 400, "grammar"),
     ("empty-choices", "POST", CHAT, chat(choices=[]), 400, "choices"),
+    ("regex-matching-nothing", "POST", CHAT, chat(regex=r"ab[^\s\S]"), 400, "regex"),
+    ("min-items-above-max-items", "POST", CHAT, chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "array", "minItems": 3, "maxItems": 1}}}), 400, "response_format"),
+    ("endless-grammar", "POST", CHAT, chat(grammar='start: "a" x\nx: "b" x'), 400, "grammar"),
+    ("generate-enum-against-pattern", "POST", "/generate", {"text": "x", "sampling_params": {
+        "json_schema": {"type": "string", "enum": ["abc"], "pattern": "^[0-9]+$"}}}, 400,
+     "sampling_params.json_schema"),
     ("two-constraints", "POST", CHAT, chat(regex="a+", choices=["a"]), 400, "choices"),
     ("tool-type", "POST", CHAT, chat(tools=[{"type": "retrieval", "function": {"name": "x"}}]),
      400, "tools[0].type"),
@@ -195,3 +203,18 @@ def test_api_key_accepted_then_ctrl_c_stops_cleanly(auth_server):
     assert auth_server.stop(signal.SIGINT) == 0
     log = auth_server.log()
     assert f"serving SmolLM2-135M-Instruct at {auth_server.url}" in log and "KV pool" in log
+
+
+def test_unsatisfiable_constraints_are_typed_400s(http):
+    """A constraint no output satisfies is refused before anything is queued, with the same
+    typed code as any other bad constraint, on the OpenAI and the native routes."""
+    bad = [(CHAT, chat(regex=r"[^\s\S]")),
+           (CHAT, chat(response_format={"type": "json_schema", "json_schema": {
+               "name": "x", "schema": {"type": "string", "minLength": 5, "maxLength": 2}}})),
+           ("/generate", {"text": "x", "sampling_params": {"regex": r"a[^\s\S]"}})]
+    for path, body in bad:
+        r = http.post(path, json=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid_constraint", r.text
+        assert "no" in r.json()["error"]["message"]
+    assert http.get("/health").json()["status"] == "ok"
