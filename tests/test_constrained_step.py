@@ -258,8 +258,8 @@ def eng(request, model_path):
 @pytest.mark.parametrize("complete_within_budget", [True, False])
 def test_unsatisfiable_constraints_refused_at_submit(eng, kw, field, complete_within_budget):
     with pytest.raises(ValueError, match=f"^{field}: "):
-        eng.generate("x", SamplingParams(max_tokens=8, complete_within_budget=complete_within_budget,
-                                         **kw))
+        eng.generate("x", SamplingParams(max_tokens=8,
+                                         complete_within_budget=complete_within_budget, **kw))
     assert eng.tracker.rids() == [] and not eng.scheduler.has_work     # nothing queued
     eng.flush_cache()
     assert eng.allocator.num_free == eng.allocator.num_pages            # nothing leaked

@@ -37,8 +37,8 @@ except ImportError:  # pragma: no cover - Python 3.10
 _MAX_CODEPOINT = 0x10FFFF
 _NEGATION = {sre.CATEGORY_DIGIT: sre.CATEGORY_NOT_DIGIT, sre.CATEGORY_WORD: sre.CATEGORY_NOT_WORD,
              sre.CATEGORY_SPACE: sre.CATEGORY_NOT_SPACE}
-_REPEATS = tuple(op for op in (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", None))
-                 if op is not None)
+_REPEATS = tuple(op for op in (sre.MAX_REPEAT, sre.MIN_REPEAT,
+                               getattr(sre, "POSSESSIVE_REPEAT", None)) if op is not None)
 _BOUNDS = (("minItems", "maxItems"), ("minLength", "maxLength"),
            ("minProperties", "maxProperties"), ("minContains", "maxContains"))
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
