@@ -46,7 +46,7 @@ def speed(gguf: Path, rounds: int, decode_tokens: int, prefill_tokens: int, dtyp
     """Batch-1 decode and prefill tok/s of agentlang and llama.cpp, interleaved by round."""
     from llama_cpp import Llama
 
-    eng = Engine(str(gguf), dtype=dtype, kv_budget_mb=64, enable_prefix_cache=False,
+    eng = Engine(str(gguf), dtype=dtype, weights="auto", kv_budget_mb=64, enable_prefix_cache=False,
                  max_batch_tokens=max(2048, prefill_tokens))
     llm = Llama(str(gguf), n_ctx=2048, n_threads=THREADS, n_threads_batch=THREADS,
                 n_batch=prefill_tokens, verbose=False)
@@ -145,11 +145,12 @@ def quality(gguf: Path, prompts: list[str], positions: int, workdir: Path) -> di
 
 def invariance(gguf: Path, prompts: list[str], n_tokens: int) -> dict:
     p = SamplingParams(max_tokens=n_tokens, temperature=0, ignore_eos=True)
-    eng = Engine(str(gguf), kv_budget_mb=128)
+    eng = Engine(str(gguf), weights="auto", kv_budget_mb=128)
     alone = [eng.generate(x, p).token_ids for x in prompts]
+    warm = [eng.generate(x, p).token_ids for x in prompts]       # prompts now in the radix cache
     eng.flush_cache()
     batched = [o.token_ids for o in eng.generate(prompts, p)]
-    chunked_eng = Engine(str(gguf), kv_budget_mb=128, max_batch_tokens=8)
+    chunked_eng = Engine(str(gguf), weights="auto", kv_budget_mb=128, max_batch_tokens=8)
     chunked = [o.token_ids for o in chunked_eng.generate(prompts, p)]
 
     def share(a, b):
@@ -157,6 +158,8 @@ def invariance(gguf: Path, prompts: list[str], n_tokens: int) -> dict:
         return same / sum(len(u) for u in a)
 
     return {"batched_vs_alone": share(alone, batched), "chunked_vs_alone": share(alone, chunked),
+            "warm_cache_vs_cold": share(alone, warm),
+            "identical_sequences_warm": sum(a == b for a, b in zip(alone, warm)),
             "identical_sequences_batched": sum(a == b for a, b in zip(alone, batched)),
             "identical_sequences_chunked": sum(a == b for a, b in zip(alone, chunked)),
             "prompts": len(prompts), "tokens_each": n_tokens}

@@ -79,6 +79,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="16 requests, shorter prompts")
     ap.add_argument("--workloads", nargs="+", default=["shared_prefix_chat", "independent"],
                     choices=["shared_prefix_chat", "independent"])
+    ap.add_argument("--weights", default="dense", choices=["dense", "auto"],
+                    help="agentlang's weights: dense (HF-exact) or auto (the GGUF's quantized "
+                         "tensors, int4/int8 matmuls); HF always runs dense in --dtype")
     ap.add_argument("--out", help="JSON output (default: bench/results/throughput.json; "
                     "a --quick run: a temporary directory)")
     args = ap.parse_args()
@@ -95,7 +98,8 @@ def main() -> None:
     results = {"machine": "2-core x86_64 CPU, 24 GiB", "model": "SmolLM2-135M-Instruct",
                "torch_threads": torch.get_num_threads(), "runs": []}
     for dtype in args.dtype:
-        engine = Engine(path, dtype=dtype, page_size=16, kv_budget_mb=1024,
+        engine = Engine(resolve_model("default", args.weights).path, dtype=dtype,
+                        weights=args.weights, page_size=16, kv_budget_mb=1024,
                         max_batch_tokens=2048, max_running=64)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).eval()
         for name, items in workloads.items():
@@ -104,7 +108,7 @@ def main() -> None:
             ours = run_engine(engine, items)
             base = run_hf(hf, tok.pad_token_id or 0, items)
             ratio = ours["tokens_per_s"] / base["tokens_per_s"]
-            results["runs"].append({"dtype": dtype, "workload": name, "requests": len(items),
+            results["runs"].append({"dtype": dtype, "weights": args.weights, "workload": name, "requests": len(items),
                                     "agentlang": ours, "hf": base, "speedup": ratio})
             print(f"  agentlang {ours['tokens_per_s']:8.1f} tok/s  wall {ours['wall_s']:6.1f}s  "
                   f"TTFT {ours['mean_ttft_s']:.2f}s  hit {ours['cache_hit_rate']:.2f}  "

@@ -169,6 +169,7 @@ class StaticDecodeBatch:
             self.pad_rows(B, b)
         view.seq_lens_list = list(batch.seq_lens_list) + [1] * (b - B)
         view.prefix_lens_list = list(batch.prefix_lens_list) + [0] * (b - B)
+        view.forget_derived()
 
 
 class DecodeGraphs:

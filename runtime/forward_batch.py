@@ -13,7 +13,9 @@ reads the same object.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -32,6 +34,18 @@ class ForwardBatch:
     # Host copies (python lists) so backends can loop without device syncs.
     seq_lens_list: list[int]
     prefix_lens_list: list[int]
+    # Per-step facts a backend derives from this batch (e.g. a decode plan), by key.
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def cached(self, key: str, build: Callable[[], Any]) -> Any:
+        """``build()`` computed once per batch (the first layer) and returned to every layer."""
+        if key not in self.memo:
+            self.memo[key] = build()
+        return self.memo[key]
+
+    def forget_derived(self) -> None:
+        """Drop what :meth:`cached` holds: call after changing this batch's contents in place."""
+        self.memo.clear()
 
     @property
     def batch_size(self) -> int:

@@ -1,7 +1,8 @@
 """``make run``: serve the embedded model over HTTP in the foreground (Ctrl-C stops it).
 
 Prints how to call the server first (a curl line and an ``openai`` client snippet), then runs
-:func:`runtime.server.cli.serve_main` with the default flags (any ``agentlang serve`` flag may
+:func:`runtime.server.cli.serve_main` with the default flags, except that ``--weights`` defaults to
+``auto`` (the embedded GGUF runs on its quantized tensors; any ``agentlang serve`` flag may
 be passed: ``python -m runtime.main_job --port 8000``).
 """
 
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = add_serve_arguments(argparse.ArgumentParser(
         prog="python -m runtime.main_job",
         description="Serve the embedded model over HTTP (what `make run` starts)."))
+    parser.set_defaults(weights="auto")      # the embedded GGUF runs on its quantized tensors
     args = parser.parse_args(argv)
     print(how_to_call(args.host, args.port, args.api_key), flush=True)
     return serve_main(args)

@@ -9,20 +9,20 @@ Two storage formats, each with one matmul kernel from torch's CPU build:
 * **int8, per output row**: ``w = q * scale``. GGUF Q8_0 (per-32 fp16 scales) is re-scaled to
   one scale per row (the kernel has no groups). Matmul: ``aten._weight_int8pack_mm``.
 
-The kernels are GEMV-shaped: at batch 1 they beat dense bf16/fp32, at prefill sizes they lose
-to a dense GEMM. So a call with at least ``dense_from`` rows dequantizes the weight to bf16
-for that call only (a transient ``[N, K]`` bf16 tensor, one layer at a time) and uses
-``F.linear``. Matmuls always run in bf16; the result is cast back to the input's dtype.
+Every call, whatever its number of rows, runs the quantized kernel: each output row of these
+kernels depends only on its own input row (tested), so a token's logits are the same alone,
+batched, in a prefill chunk of any size or in a decode step — greedy outputs do not change with
+cache state, batching or chunking. (A dense GEMM over dequantized weights would be faster for
+long prefills but rounds differently from the kernel, and near-ties then flip between a cold
+and a warm cache.) Matmuls run in bf16; the result is cast back to the input's dtype.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 GROUP = 32          # GGUF block size = int4 group size
-DENSE_FROM = 32     # rows (tokens) from which a call dequantizes and runs a dense bf16 GEMM
 _PACK_ROWS = 4096   # rows packed at a time (the packing op takes int32 [N, K]: 4 bytes a weight)
 
 
@@ -79,7 +79,6 @@ class QuantLinear(nn.Module):
         self.register_buffer("scales", scales)     # int4: [K/32, Np, 2] (scale, zero); int8: [N]
         # (int4: Np = N rounded up to 16; the padding rows are zero and sliced off)
         self.register_buffer("bias", bias)         # [N] in bf16, or None
-        self.dense_from = DENSE_FROM
 
     @classmethod
     def from_int4(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
@@ -101,7 +100,7 @@ class QuantLinear(nn.Module):
         return cls("int8", K, N, q.contiguous(), scale.to(torch.bfloat16), _bf16(bias))
 
     def dequantize(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """The weight as a dense ``[N, K]`` tensor (for a prefill-sized call or a check)."""
+        """The weight as a dense ``[N, K]`` tensor (for ``weights="dense"`` and checks)."""
         N, K = self.out_features, self.in_features
         if self.kind == "int8":
             return self.weight.to(dtype) * self.scales.to(dtype)[:, None]
@@ -112,16 +111,13 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)                                                   # [T, K]
-        if xb.shape[0] >= self.dense_from:
-            y = F.linear(xb, self.dequantize(), self.bias)
+        if self.kind == "int4":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, GROUP, self.scales)
+            y = y[:, :self.out_features]
         else:
-            if self.kind == "int4":
-                y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, GROUP, self.scales)
-                y = y[:, :self.out_features]
-            else:
-                y = torch.ops.aten._weight_int8pack_mm(xb, self.weight, self.scales)
-            if self.bias is not None:
-                y = y + self.bias
+            y = torch.ops.aten._weight_int8pack_mm(xb, self.weight, self.scales)
+        if self.bias is not None:
+            y = y + self.bias
         return y.to(x.dtype)                                                        # [T, N]
 
     def extra_repr(self) -> str:

@@ -28,7 +28,10 @@ class Runtime(Backend):
 
     def __init__(self, model: str = "default", *, priority: int | None = None,
                  **engine_args: Any):
-        """``priority``: the default of every run that sets none (higher first)."""
+        """``priority``: the default of every run that sets none (higher first).
+        ``engine_args`` are :class:`~runtime.engine_config.EngineConfig` options; ``weights``
+        defaults to ``"auto"`` here (a GGUF, the embedded model included, runs on its quantized
+        tensors), where the bare engine's default is the exact ``"dense"``."""
         if "model_path" in engine_args:  # SGLang's name for the model
             if model != "default":
                 raise ValueError("give model or model_path, not both")
@@ -39,6 +42,7 @@ class Runtime(Backend):
             raise ValueError(f"unknown Runtime option(s) {unknown}; accepted: "
                              f"{', '.join(accepted)}")
         self.set_default_priority(priority)
+        engine_args.setdefault("weights", "auto")
         from runtime import Engine
 
         self.engine = Engine(model=model, **engine_args)

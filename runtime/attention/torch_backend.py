@@ -1,7 +1,9 @@
 """Paged attention in plain torch: the CPU path of the runtime and the reference for the kernels.
 
 * Decode steps (one new token per sequence) run batched: K/V are gathered through the page
-  tables into a padded tensor and attended with grouped (GQA) matmuls, no head expansion.
+  tables into a padded tensor and attended per KV head (its G query heads as G rows of one
+  matmul: GQA without head expansion). Which pages each sequence reads, the padding and the
+  groups below are planned once per step (:mod:`runtime.attention.decode_plan`), not per layer.
   When sequences share their leading pages (a common system prompt, forks, n > 1), the shared
   part is read **once** for the whole group and merged with each sequence's own suffix by
   log-sum-exp (cascade attention), so a 1k-token shared prompt is not re-read per sequence.
@@ -15,11 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from runtime.attention.decode_plan import DecodePlan, decode_plan
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
-
-MIN_SHARED_PAGES = 2     # shorter shared prefixes are not worth a separate pass
-
 
 def gather_context(pool: KVPool, layer: int, which: int, pages: torch.Tensor,
                    length: int) -> torch.Tensor:
@@ -30,75 +30,25 @@ def gather_context(pool: KVPool, layer: int, which: int, pages: torch.Tensor,
     return pool.gather(layer, which, pages[:n]).flatten(0, 1)[:length]
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      valid: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention of R query rows per KV head over one K/V sequence per batch entry.
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     bias: torch.Tensor | None, scale: float, with_lse: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Softmax attention of the G query heads of each KV head over one K/V sequence per row.
 
-    q: [B, Hkv, R, D]; k, v: [B, L, Hkv, D] as gathered from the pool (no re-layout copy);
-    valid: [B, L] bool or None. Returns out [B, Hkv, R, D] and log-sum-exp [B, Hkv, R].
-    Each batch entry is one matmul against all heads at once (Hkv× the few FLOPs of a decode,
-    none of the copies a per-head layout would need); the head diagonal is kept.
+    q: [b, Hkv, G, D]; k, v: [b, L, Hkv, D] as gathered from the pool; bias: [b, 1, 1, L]
+    additive (0 / -inf for padding) or None. Scores and softmax in float32. Returns
+    out [b, Hkv, G, D] and, when ``with_lse``, the log-sum-exp [b, Hkv, G] (for cascade merging).
     """
-    B, H, R, D = q.shape
+    b, H, G, D = q.shape
     L = k.shape[1]
-    s = torch.bmm(q.reshape(B, H * R, D), k.reshape(B, L * H, D).transpose(1, 2))
-    s = s.view(B, H, R, L, H).diagonal(dim1=1, dim2=4)          # [B, R, L, H]
-    s = s * scale
-    if valid is not None:
-        s.masked_fill_(~valid[:, None, :, None], float("-inf"))
-    m = s.amax(dim=2, keepdim=True)                              # [B, R, 1, H]
-    p = torch.exp(s - m)
-    denom = p.sum(dim=2, keepdim=True)
-    pv = torch.bmm(p.permute(0, 3, 1, 2).reshape(B, H * R, L), v.reshape(B, L, H * D))
-    out = pv.view(B, H, R, H, D).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [B, H, R, D]
-    denom = denom.squeeze(2).permute(0, 2, 1)                    # [B, H, R]
-    lse = m.squeeze(2).permute(0, 2, 1) + denom.log()
-    return out / denom[..., None], lse
-
-
-def shared_prefix_groups(table: torch.Tensor, seq_lens: list[int], page_size: int
-                         ) -> tuple[list[int], list[tuple[list[int], int]]]:
-    """Groups of decode sequences whose leading pages are the same pages.
-
-    Returns (shared pages per sequence, [(member rows, shared pages)]). A sequence's own
-    newest token is never inside the shared part.
-    """
-    B = table.shape[0]
-    shared = [0] * B
-    groups: list[tuple[list[int], int]] = []
-    by_first: dict[int, list[int]] = {}
-    for b in range(B):
-        if seq_lens[b] > page_size:
-            by_first.setdefault(int(table[b, 0]), []).append(b)
-    for rows in by_first.values():
-        if len(rows) < 2:
-            continue
-        limit = min((seq_lens[b] - 1) // page_size for b in rows)
-        sub = table[rows, :limit]
-        same = (sub == sub[:1]).all(dim=0).int().cumprod(0)
-        n = int(same.sum())
-        if n >= MIN_SHARED_PAGES:
-            groups.append((rows, n))
-            for b in rows:
-                shared[b] = n
-    return shared, groups
-
-
-def length_buckets(lengths: list[int], max_waste: float = 0.25) -> list[list[int]]:
-    """Indices grouped by similar length (sorted), closing a bucket when padding the next
-    sequence to the bucket's longest would waste more than ``max_waste`` of the bucket."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
-    buckets: list[list[int]] = []
-    for i in order:
-        if buckets:
-            b = buckets[-1]
-            longest = lengths[b[0]]
-            used = sum(lengths[j] for j in b) + lengths[i]
-            if used >= (1 - max_waste) * longest * (len(b) + 1):
-                b.append(i)
-                continue
-        buckets.append([i])
-    return buckets
+    kt = k.permute(0, 2, 3, 1).reshape(b * H, D, L)                       # [bH, D, L]
+    s = torch.bmm(q.reshape(b * H, G, D), kt).view(b, H, G, L).float().mul_(scale)
+    if bias is not None:
+        s.add_(bias)
+    p = torch.softmax(s, dim=-1).to(v.dtype)                             # [b, H, G, L]
+    out = torch.bmm(p.view(b * H, G, L), v.permute(0, 2, 1, 3).reshape(b * H, L, D))
+    lse = torch.logsumexp(s, dim=-1) if with_lse else None
+    return out.view(b, H, G, D), lse
 
 
 class TorchAttentionBackend:
@@ -114,15 +64,18 @@ class TorchAttentionBackend:
         # q: [T, Hq, D] -> [T, Hq, D]; every K/V read goes through the pool (k_new, v_new unused)
         seq_lens = batch.seq_lens_list
         if batch.is_decode:
-            return self._decode(q, pool, layer, batch.page_table, seq_lens, scale)
+            plan = batch.cached("torch.decode", lambda: decode_plan(batch.page_table, seq_lens,
+                                                                    pool.page_size))
+            return self._decode(q, pool, layer, plan, scale)
         out = torch.empty_like(q)
         starts = batch.q_start_loc.tolist()
         ext = batch.extend_lens_list
         singles = [b for b in range(batch.batch_size) if ext[b] == 1]
         if len(singles) > 1:   # the decodes of a mixed step still run as one batch
             rows = [starts[b] for b in singles]
-            out[rows] = self._decode(q[rows], pool, layer, batch.page_table[singles],
-                                     [seq_lens[b] for b in singles], scale)
+            plan = batch.cached("torch.decode_singles", lambda: decode_plan(
+                batch.page_table[singles], [seq_lens[b] for b in singles], pool.page_size))
+            out[rows] = self._decode(q[rows], pool, layer, plan, scale)
         else:
             singles = []
         for b in sorted(set(range(batch.batch_size)) - set(singles)):
@@ -143,48 +96,46 @@ class TorchAttentionBackend:
         return out
 
     @staticmethod
-    def _decode(q, pool: KVPool, layer: int, page_table: torch.Tensor, seq_lens: list[int],
-                scale: float):
-        """One new token per sequence. q: [B, Hq, D]; page_table: [B, max_pages].
+    def _decode(q, pool: KVPool, layer: int, plan: DecodePlan, scale: float):
+        """One new token per sequence. q: [B, Hq, D] -> [B, Hq, D].
 
-        Sequences are processed in buckets of similar length (padding stays small); each
-        sequence attends to its own pages, and a group sharing leading pages attends to the
-        shared part once, merged by log-sum-exp."""
+        Follows the step's :class:`DecodePlan`: each bucket of similar-length sequences attends
+        to its own pages; a group sharing leading pages attends to the shared part once, merged
+        by log-sum-exp (cascade attention)."""
         B, Hq, D = q.shape
-        S = pool.page_size
         Hkv = pool.layout.num_kv_heads
-        G = Hq // Hkv
-        qg = q.view(B, Hkv, G, D)
-        shared, groups = shared_prefix_groups(page_table, seq_lens, S)
-        own_lens = [n - s * S for n, s in zip(seq_lens, shared)]
-        out = torch.empty(B, Hkv, G, D, dtype=q.dtype, device=q.device)
-        lse = torch.empty(B, Hkv, G, dtype=q.dtype, device=q.device)
-        table = page_table.long()
-        dev = q.device
-        for rows in length_buckets(own_lens):
-            L = max(own_lens[b] for b in rows)
-            n = (L + S - 1) // S
-            cols = (torch.tensor([shared[b] for b in rows], device=dev)[:, None]
-                    + torch.arange(n, device=dev)[None, :])
-            t = table[rows].gather(1, cols.clamp_(max=table.shape[1] - 1))      # [b, n]
-            k = pool.gather(layer, 0, t).flatten(1, 2)[:, :L].to(q.dtype)        # [b, L, Hkv, D]
-            v = pool.gather(layer, 1, t).flatten(1, 2)[:, :L].to(q.dtype)
-            valid = (torch.arange(L, device=dev)[None, :]
-                     < torch.tensor([own_lens[b] for b in rows], device=dev)[:, None])
-            out[rows], lse[rows] = grouped_attention(qg[rows], k, v, valid, scale)
-        for rows, n in groups:
-            pages = table[rows[0], :n]
-            kp = pool.gather(layer, 0, pages).flatten(0, 1).to(q.dtype)[None]  # [1, n*S, Hkv, D]
-            vp = pool.gather(layer, 1, pages).flatten(0, 1).to(q.dtype)[None]
-            M = len(rows)
-            qp = qg[rows].transpose(0, 1).reshape(1, Hkv, M * G, D)
-            op, lp = grouped_attention(qp, kp, vp, None, scale)       # [1, Hkv, M*G, D]
-            op = op.view(Hkv, M, G, D).transpose(0, 1)                 # [M, Hkv, G, D]
-            lp = lp.view(Hkv, M, G).transpose(0, 1)                    # [M, Hkv, G]
-            ls = lse[rows]
+        qg = q.view(B, Hkv, Hq // Hkv, D)
+        cascade = bool(plan.groups)
+
+        def kv(pages: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+            k = pool.gather(layer, 0, pages).flatten(-4, -3)[..., :length, :, :].to(q.dtype)
+            v = pool.gather(layer, 1, pages).flatten(-4, -3)[..., :length, :, :].to(q.dtype)
+            return k, v                                                  # [..., L, Hkv, D]
+
+        if len(plan.buckets) == 1 and plan.buckets[0].rows is None and not cascade:
+            bk = plan.buckets[0]
+            out, _ = decode_attention(qg, *kv(bk.pages, bk.length), bk.bias, scale)
+            return out.reshape(B, Hq, D)
+        out = torch.empty_like(qg)                                       # [B, Hkv, G, D]
+        lse = torch.empty(B, Hkv, Hq // Hkv) if cascade else None
+        for bk in plan.buckets:
+            rows = slice(None) if bk.rows is None else bk.rows
+            o, l = decode_attention(qg[rows], *kv(bk.pages, bk.length), bk.bias, scale, cascade)
+            out[rows] = o
+            if cascade:
+                lse[rows] = l
+        for g in plan.groups:
+            kp, vp = kv(g.pages, g.pages.numel() * pool.page_size)       # [n*S, Hkv, D]
+            M, G = g.rows.numel(), Hq // Hkv
+            qp = qg[g.rows].transpose(0, 1).reshape(1, Hkv, M * G, D)
+            op, lp = decode_attention(qp, kp[None], vp[None], None, scale, True)
+            op = op.view(Hkv, M, G, D).transpose(0, 1)                   # [M, Hkv, G, D]
+            lp = lp.view(Hkv, M, G).transpose(0, 1)                      # [M, Hkv, G]
+            ls = lse[g.rows]
             mx = torch.maximum(lp, ls)
             wp, ws = torch.exp(lp - mx), torch.exp(ls - mx)
-            out[rows] = (op * wp[..., None] + out[rows] * ws[..., None]) / (wp + ws)[..., None]
+            merged = (op.float() * wp[..., None] + out[g.rows].float() * ws[..., None])
+            out[g.rows] = (merged / (wp + ws)[..., None]).to(out.dtype)
         return out.reshape(B, Hq, D)
 
     def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:

@@ -29,8 +29,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        # HF's float32 x * rsqrt(mean(x^2) + eps) (bitwise the same), as one op
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
 
@@ -48,13 +48,12 @@ class Attention(nn.Module):
     def forward(self, x, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
                 pool: KVPool, backend: AttentionBackend):
         T = x.shape[0]                                          # x: [T, hidden]
-        q, k, v = self.qkv_proj(x).split(
-            [self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q = q.view(T, self.nh, self.hd)
-        k = k.view(T, self.nkv, self.hd)
-        v = v.view(T, self.nkv, self.hd)
-        cos, sin = rope                                         # [T, 1, hd] each
-        q, k = RotaryEmbedding.rotate(q, cos, sin), RotaryEmbedding.rotate(k, cos, sin)
+        qkv = self.qkv_proj(x)                                  # [T, (nh + 2 nkv) * hd]
+        n_qk = (self.nh + self.nkv) * self.hd
+        # q and k heads are adjacent in each row: one rotation for both
+        qk = RotaryEmbedding.rotate(qkv[:, :n_qk].view(T, self.nh + self.nkv, self.hd), *rope)
+        q, k = qk[:, :self.nh], qk[:, self.nh:]                 # [T, nh, hd], [T, nkv, hd]
+        v = qkv[:, n_qk:].view(T, self.nkv, self.hd)
         backend.store_kv(pool, self.layer, k, v, batch)
         o = backend.attend(q, pool, self.layer, batch, self.scale, k, v)  # [T, nh, hd]
         return self.o_proj(o.reshape(T, self.nh * self.hd))

@@ -44,17 +44,20 @@ class RotaryEmbedding:
         return self
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotation of each position, ``([T, 1, D], [T, 1, D])``: computed once per step and
-        shared by every layer."""
-        return (self.cos[positions].unsqueeze(1).to(dtype),
-                self.sin[positions].unsqueeze(1).to(dtype))
+        """The rotation of each position, ``(cos, signed_sin)``, each ``[T, 1, D]``: computed once
+        per step and shared by every layer. ``signed_sin`` is ``sin`` with its first half negated,
+        which turns HF's ``rotate_half`` into a plain roll (see :meth:`rotate`)."""
+        sin = self.sin[positions].unsqueeze(1)
+        half = sin.shape[-1] // 2
+        signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        return self.cos[positions].unsqueeze(1).to(dtype), signed.to(dtype)
 
     @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, H, D] rotated by ``cos_sin`` of its positions."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, H, D] rotated by ``cos_sin`` of its positions. Bitwise HF's
+        ``x * cos + rotate_half(x) * sin`` (``rotate_half(x) = [-x2, x1]``; ``-x2 * s`` is
+        ``x2 * -s`` exactly), with ``roll`` instead of slices, a negation and a concatenation."""
+        return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [T, H, D]; positions: [T] -> rotated x, same dtype."""

@@ -1,0 +1,112 @@
+"""How a decode step's attention reads the KV pool: computed once per step, used by every layer.
+
+A decode step appends one token to each of ``B`` sequences. The torch backend reads each
+sequence's context through its page table; which pages, how much padding and which
+sequences share leading pages depend only on the batch, never on the layer. So the host-side
+work (Python loops over sequences, small index tensors) is done here once per step
+(:func:`decode_plan`), instead of once per layer; the per-layer code only gathers and
+multiplies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MIN_SHARED_PAGES = 2     # shorter shared prefixes are not worth a separate pass
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Sequences of similar own-context length, attended together (padded to ``length``)."""
+    rows: torch.Tensor | None   # [b] int64 batch rows, or None for "all rows, in order"
+    pages: torch.Tensor         # [b, n] int64 page ids of each row's own (unshared) part
+    length: int                 # L: longest own context in the bucket (keys per row)
+    bias: torch.Tensor | None   # [b, 1, 1, L] float32 additive mask (0 / -inf) or None (no padding)
+
+
+@dataclass(frozen=True)
+class SharedGroup:
+    """Sequences whose first ``pages.numel()`` pages are the same pages (cascade attention)."""
+    rows: torch.Tensor          # [m] int64 batch rows
+    pages: torch.Tensor         # [n] int64 shared page ids
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    buckets: tuple[Bucket, ...]
+    groups: tuple[SharedGroup, ...]
+
+
+def decode_plan(page_table: torch.Tensor, seq_lens: list[int], page_size: int) -> DecodePlan:
+    """The plan of a decode step. page_table: [B, max_pages]; seq_lens[b] includes the new token."""
+    shared, groups = shared_prefix_groups(page_table, seq_lens, page_size)
+    own_lens = [n - s * page_size for n, s in zip(seq_lens, shared)]
+    table = page_table.long()
+    B = len(seq_lens)
+    buckets = []
+    for rows in length_buckets(own_lens):
+        L = max(own_lens[b] for b in rows)
+        n = (L + page_size - 1) // page_size
+        everyone = rows == list(range(B)) if len(rows) == B else False
+        if not any(shared[b] for b in rows):
+            pages = (table if everyone else table[rows])[:, :n]                  # [b, n]
+        else:
+            cols = (torch.tensor([shared[b] for b in rows])[:, None] + torch.arange(n)[None, :])
+            pages = table[rows].gather(1, cols.clamp_(max=table.shape[1] - 1))   # [b, n]
+        lens = [own_lens[b] for b in rows]
+        bias = None
+        if min(lens) < L:
+            valid = torch.arange(L)[None, :] < torch.tensor(lens)[:, None]       # [b, L]
+            bias = torch.zeros(len(rows), 1, 1, L).masked_fill_(~valid[:, None, None, :],
+                                                                  float("-inf"))
+        buckets.append(Bucket(None if everyone else torch.tensor(rows), pages.contiguous(), L, bias))
+    return DecodePlan(tuple(buckets), tuple(SharedGroup(torch.tensor(rows), table[rows[0], :n])
+                                            for rows, n in groups))
+
+
+def shared_prefix_groups(table: torch.Tensor, seq_lens: list[int], page_size: int
+                         ) -> tuple[list[int], list[tuple[list[int], int]]]:
+    """Groups of decode sequences whose leading pages are the same pages.
+
+    Returns (shared pages per sequence, [(member rows, shared pages)]). A sequence's own
+    newest token is never inside the shared part.
+    """
+    B = table.shape[0]
+    shared = [0] * B
+    groups: list[tuple[list[int], int]] = []
+    by_first: dict[int, list[int]] = {}
+    firsts = table[:, 0].tolist()
+    for b in range(B):
+        if seq_lens[b] > page_size:
+            by_first.setdefault(firsts[b], []).append(b)
+    for rows in by_first.values():
+        if len(rows) < 2:
+            continue
+        limit = min((seq_lens[b] - 1) // page_size for b in rows)
+        sub = table[rows, :limit]
+        same = (sub == sub[:1]).all(dim=0).int().cumprod(0)
+        n = int(same.sum())
+        if n >= MIN_SHARED_PAGES:
+            groups.append((rows, n))
+            for b in rows:
+                shared[b] = n
+    return shared, groups
+
+
+def length_buckets(lengths: list[int], max_waste: float = 0.25) -> list[list[int]]:
+    """Indices grouped by similar length (sorted), closing a bucket when padding the next
+    sequence to the bucket's longest would waste more than ``max_waste`` of the bucket."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets:
+            b = buckets[-1]
+            longest = lengths[b[0]]
+            used = sum(lengths[j] for j in b) + lengths[i]
+            if used >= (1 - max_waste) * longest * (len(b) + 1):
+                b.append(i)
+                continue
+        buckets.append([i])
+    return buckets
