@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -117,9 +118,9 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
                 bg = asyncio.create_task(background(bc, args, prompts,
                                                     0 if mode == "on" else None, stop))
                 await asyncio.sleep(args.ramp)                          # the queue fills up
-            m0, t0 = await _scrape(c), time.perf_counter()
+            m0, t0, load0 = await _scrape(c), time.perf_counter(), os.getloadavg()[0]
             chat = await interactive(c, args, args.high if mode == "on" else None)
-            m1, wall = await _scrape(c), time.perf_counter() - t0
+            m1, wall, load1 = await _scrape(c), time.perf_counter() - t0, os.getloadavg()[0]
             full = await _scrape_labeled(c)
             stop.set()
             if bg is not None:
@@ -131,7 +132,8 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
                 "ttfts_sorted_s": [round(t, 3) for t in sorted(ttfts)],
                 "window_s": wall, "background_tokens_per_s": (gen - chat["tokens"]) / wall,
                 "preemptions": m1["agentlang_preemptions_total"] -
-                m0["agentlang_preemptions_total"], "per_agent": full}
+                m0["agentlang_preemptions_total"], "per_agent": full,
+                "load_average_1min": [round(load0, 2), round(load1, 2)]}
 
     try:
         return asyncio.run(main())
@@ -166,6 +168,13 @@ def main() -> None:
     ap.add_argument("--ramp", type=float, default=10.0, help="background head start (s)")
     ap.add_argument("--kv-budget-mb", type=float, default=1024)
     ap.add_argument("--max-running", type=int, default=64)
+    ap.add_argument("--max-batch-tokens", type=int, default=None,
+                    help="tokens per engine step, all runs (default: the engine's 2048); on a "
+                         "CPU a step's time grows with it, and a new turn waits for the step "
+                         "in flight")
+    ap.add_argument("--max-lower-priority-tokens", type=int, default=None,
+                    help="lower-priority tokens in a step that serves a higher-priority "
+                         "prefill (default: the engine's)")
     ap.add_argument("--modes", default="idle,off,on")
     ap.add_argument("--quick", action="store_true",
                     help="20 s, 24 background clients of 64+32 tokens, 8 running, 4 s ramp")
@@ -182,6 +191,9 @@ def main() -> None:
     rng = random.Random(0)
     prompts = [text_of_tokens(tok, args.bg_prompt_tokens, rng) for _ in range(args.background)]
     engine_kwargs = {"kv_budget_mb": args.kv_budget_mb, "max_running": args.max_running}
+    for k in ("max_batch_tokens", "max_lower_priority_tokens"):
+        if getattr(args, k) is not None:
+            engine_kwargs[k] = getattr(args, k)
     runs = {}
     for mode in args.modes.split(","):
         runs[mode] = run_mode(mode, args, prompts, engine_kwargs)
@@ -189,7 +201,8 @@ def main() -> None:
         print(f"{mode:>4}: interactive TTFT p50 {r['ttft_p50_s']:.3f} s p99 "
               f"{r['ttft_p99_s']:.3f} s ({r['turns']} turns, {r['censored_turns']} censored); "
               f"background "
-              f"{r['background_tokens_per_s']:.1f} tok/s; {r['preemptions']:.0f} preemptions",
+              f"{r['background_tokens_per_s']:.1f} tok/s; {r['preemptions']:.0f} preemptions; "
+              f"load {r['load_average_1min']}",
               flush=True)
     result = {"machine": "2-core x86_64 CPU (shared)", "model": "SmolLM2-135M-Instruct (float32)",
               "command": "python bench/multi_agent.py " + " ".join(sys.argv[1:]),
