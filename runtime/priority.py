@@ -34,15 +34,15 @@ their ``max_tokens``).
 Urgent steps (what keeps a high-priority time to first token short under load): while a
 request needs more than a decode (it waits, or has a prefill chunk left) and some request
 present has a lower effective priority than its rank, the step is *urgent* for the highest such
-rank ``top`` (:meth:`PriorityPolicy.urgent_rank`). It first schedules, within the whole step
-budget, the requests whose effective priority is at least ``top`` (running work, then
-admissions), and gives everything below ``top`` at most ``max_lower_priority_tokens`` tokens
-(a scheduler setting; running work oldest admission first, then admissions) — so the step
-that computes the high-priority prefill is about as short as on an idle server, and the
-request is not held behind lower-priority prefill chunks of earlier admissions. A running
-lower-priority request still progresses (by that many tokens a step, oldest first); aging
-lifts a waiting one to ``top`` as above. With equal priorities no step is urgent: scheduling
-is exactly as without priorities.
+rank ``top`` (:meth:`PriorityPolicy.urgent_rank`). It first schedules the requests whose
+effective priority is at least ``top`` (running work, then admissions) within the step budget
+less ``min(L, max_batch_tokens // 2)``, then gives everything below ``top`` at most ``L``
+tokens (``L`` = the scheduler's ``max_lower_priority_tokens``; running work oldest admission
+first, then admissions). So the step that computes the high-priority prefill is about as
+short as on an idle server, the request is not held behind lower-priority prefill chunks of
+earlier admissions, and a running lower-priority request still progresses (oldest first);
+aging lifts a waiting one to ``top`` as above. With equal priorities no step is urgent:
+scheduling is exactly as without priorities.
 """
 
 from __future__ import annotations

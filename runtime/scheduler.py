@@ -12,10 +12,11 @@ Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_bat
    step, so a shared prefix is computed once and then matched from the cache.
 
 An *urgent* step (``PriorityPolicy.urgent_rank``: a request needing a prefill outranks some
-request present) does 1–2 first for the requests at or above that rank only, then 1–2 for the
-rest within at most ``max_lower_priority_tokens`` tokens: a high-priority prefill neither
-waits behind lower-priority prefill chunks nor shares its step with a full lower-priority batch.
-With equal priorities no step is urgent.
+request present) does 1–2 first for the requests at or above that rank only, within the budget
+less ``min(max_lower_priority_tokens, max_batch_tokens // 2)``, then 1–2 for the rest within at
+most ``max_lower_priority_tokens`` tokens: a high-priority prefill neither waits behind
+lower-priority prefill chunks nor shares its step with a full lower-priority batch, and a
+running lower-priority request still progresses. With equal priorities no step is urgent.
 
 Out of pages: evict from the radix cache, then preempt the running request of lowest effective
 priority, most recently admitted first (its computed KV goes into the cache, it is requeued and recomputed later). A request
@@ -201,13 +202,16 @@ class Scheduler:
         first = (lambda r: True) if top is None else (lambda r: self.policy.effective(r) >= top)
         items: list[ScheduledItem] = []
         unfit: list[Request] = []
-        limit = self.cfg.max_batch_tokens
+        low = self.cfg.max_lower_priority_tokens
+        # an urgent step keeps min(low, half the step) tokens for the rest: they progress
+        limit = self.cfg.max_batch_tokens - (0 if top is None else
+                                             min(low, self.cfg.max_batch_tokens // 2))
         self._run_running(items, unfit, first, limit)
         for r in self.waiting:
             r.wait_steps += 1
         self._admit(items, limit - _tokens(items), first)
         if top is not None:      # an urgent step: the rest get a small budget
-            limit = min(limit, _tokens(items) + self.cfg.max_lower_priority_tokens)
+            limit = min(self.cfg.max_batch_tokens, _tokens(items) + low)
             rest = lambda r: not first(r)                      # noqa: E731
             self._run_running(items, unfit, rest, limit)
             self._admit(items, limit - _tokens(items), rest)
