@@ -6,15 +6,17 @@ agent keeps the server busy, with priorities off, on, and on an idle server.
   seconds; TTFT = request sent → first SSE chunk with content (a turn with none within
   ``--turn-timeout`` counts as that, reported as censored). Label ``agent: interactive``.
 - background agent: ``--background`` closed-loop clients on ``POST /generate``, each sending
-  its next long request (``--bg-prompt-tokens`` prompt, ``--bg-new-tokens`` new) as soon as the
-  previous one finished, so that many are always queued or running. Label ``agent: background``.
+  its next long request (``--bg-prompt-tokens`` prompt, ``--bg-new-tokens`` ± ``--bg-spread``
+  new, seeded) as soon as the previous one finished, so that many are always queued or
+  running. Label ``agent: background``.
 
 Runs, each on a fresh ``python -m runtime.server`` process with the same settings:
 ``idle`` (interactive agent alone), ``off`` (both agents, no priorities), ``on`` (both,
 interactive ``priority`` = ``--high``, background ``priority`` = 0). Background throughput =
-tokens generated on the server during the interactive window (``/metrics``
-``agentlang_generation_tokens_total``) minus the interactive agent's, per second; "lost" =
-1 - on / off. Greedy, ``ignore_eos``.
+the background agent's generated tokens (``/metrics``
+``agentlang_agent_generation_tokens_total{agent="background"}``) over a fixed window of
+``--duration`` seconds from the first interactive turn, per second (the same window in every
+run, however long the last turns take); "lost" = 1 - on / off. Greedy, ``ignore_eos``.
 
     python bench/multi_agent.py [--duration 60] [--period 2] [--background 128] [--quick]
 """
@@ -79,14 +81,22 @@ async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
     return {"ttfts": ttfts, "tokens": tokens[0], "censored": censored[0]}
 
 
+def bg_new_tokens(args, k: int) -> int:
+    """New tokens of the background agent's ``k``-th request: ``--bg-new-tokens`` ± the
+    spread, seeded by ``k`` (the same sequence in every run), so that the 128 clients do not
+    finish in lockstep waves (a wave's prefill makes the steps of a whole window long)."""
+    half = int(args.bg_new_tokens * args.bg_spread)
+    return args.bg_new_tokens + random.Random(k).randint(-half, half)
+
+
 async def background(c: httpx.AsyncClient, args, prompts: list[list[int]], priority: int | None,
                      stop: asyncio.Event) -> None:
     async def client(i: int) -> None:
         k = i
         while not stop.is_set():
             body = {"input_ids": prompts[k % len(prompts)], "agent": "background",
-                    "sampling_params": {"max_new_tokens": args.bg_new_tokens, "temperature": 0,
-                                        "ignore_eos": True}}
+                    "sampling_params": {"max_new_tokens": bg_new_tokens(args, k),
+                                        "temperature": 0, "ignore_eos": True}}
             if priority is not None:
                 body["priority"] = priority
             try:
@@ -118,19 +128,28 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
                 bg = asyncio.create_task(background(bc, args, prompts,
                                                     0 if mode == "on" else None, stop))
                 await asyncio.sleep(args.ramp)                          # the queue fills up
-            m0, t0, load0 = await _scrape(c), time.perf_counter(), os.getloadavg()[0]
+            m0, a0 = await _scrape(c), await _scrape_labeled(c)
+            t0, load0 = time.perf_counter(), os.getloadavg()[0]
+
+            async def window_end() -> tuple[dict, float]:
+                await asyncio.sleep(args.duration)
+                a1 = await _scrape_labeled(c)          # waits for the step in flight
+                return a1, time.perf_counter() - t0
+
+            end = asyncio.create_task(window_end())
             chat = await interactive(c, args, args.high if mode == "on" else None)
-            m1, wall, load1 = await _scrape(c), time.perf_counter() - t0, os.getloadavg()[0]
-            full = await _scrape_labeled(c)
+            (a1, wall), load1 = await end, os.getloadavg()[0]
+            m1, full = await _scrape(c), await _scrape_labeled(c)
             stop.set()
             if bg is not None:
                 bg.cancel()
-        gen = m1["agentlang_generation_tokens_total"] - m0["agentlang_generation_tokens_total"]
+        key = "agentlang_agent_generation_tokens_total"
+        bg_tokens = a1.get("background", {}).get(key, 0) - a0.get("background", {}).get(key, 0)
         ttfts = chat["ttfts"]
         return {"turns": len(ttfts), "censored_turns": chat["censored"],
                 "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99), "ttft_max_s": max(ttfts),
                 "ttfts_sorted_s": [round(t, 3) for t in sorted(ttfts)],
-                "window_s": wall, "background_tokens_per_s": (gen - chat["tokens"]) / wall,
+                "window_s": wall, "background_tokens_per_s": bg_tokens / wall,
                 "preemptions": m1["agentlang_preemptions_total"] -
                 m0["agentlang_preemptions_total"], "per_agent": full,
                 "load_average_1min": [round(load0, 2), round(load1, 2)]}
@@ -164,6 +183,8 @@ def main() -> None:
     ap.add_argument("--background", type=int, default=128)
     ap.add_argument("--bg-prompt-tokens", type=int, default=128)
     ap.add_argument("--bg-new-tokens", type=int, default=128)
+    ap.add_argument("--bg-spread", type=float, default=0.5,
+                    help="background new tokens vary uniformly by this fraction (0: all equal)")
     ap.add_argument("--high", type=int, default=10, help="the interactive priority when on")
     ap.add_argument("--ramp", type=float, default=10.0, help="background head start (s)")
     ap.add_argument("--kv-budget-mb", type=float, default=1024)
