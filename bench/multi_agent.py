@@ -13,10 +13,10 @@ agent keeps the server busy, with priorities off, on, and on an idle server.
 Runs, each on a fresh ``python -m runtime.server`` process with the same settings:
 ``idle`` (interactive agent alone), ``off`` (both agents, no priorities), ``on`` (both,
 interactive ``priority`` = ``--high``, background ``priority`` = 0). Background throughput =
-the background agent's generated tokens (``/metrics``
-``agentlang_agent_generation_tokens_total{agent="background"}``) over a fixed window of
-``--duration`` seconds from the first interactive turn, per second (the same window in every
-run, however long the last turns take); "lost" = 1 - on / off. Greedy, ``ignore_eos``.
+tokens generated on the server (``/metrics`` ``agentlang_generation_tokens_total``, counted
+per step) over a fixed window of ``--duration`` seconds from the first interactive turn, less
+the interactive turns finished in it, per second (the same window in every run, however long
+the last turns take); "lost" = 1 - on / off. Greedy, ``ignore_eos``.
 
     python bench/multi_agent.py [--duration 60] [--period 2] [--background 128] [--quick]
 """
@@ -45,9 +45,9 @@ QUESTIONS = ("What is the capital of France?", "Name a prime number above ten.",
 
 
 async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
-    """One chat turn every ``period`` s; returns TTFTs and tokens generated."""
+    """One chat turn every ``period`` s; returns TTFTs and (finish time, tokens) per turn."""
     ttfts: list[float] = []
-    tokens = [0]
+    done: list[tuple[float, int]] = []      # (time the usage arrived, tokens) per turn
     censored = [0]          # turns with no first token within turn_timeout (counted as it)
 
     async def turn(k: int) -> None:
@@ -65,7 +65,7 @@ async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
                 if first is None and any(ch["delta"].get("content") for ch in event["choices"]):
                     first = time.perf_counter() - t0
                 if event.get("usage"):
-                    tokens[0] += event["usage"]["completion_tokens"]
+                    done.append((time.perf_counter(), event["usage"]["completion_tokens"]))
 
         try:
             await asyncio.wait_for(read(), args.turn_timeout)
@@ -78,7 +78,7 @@ async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
         turns.append(asyncio.create_task(turn(k)))
         await asyncio.sleep(args.period)
     await asyncio.gather(*turns)
-    return {"ttfts": ttfts, "tokens": tokens[0], "censored": censored[0]}
+    return {"ttfts": ttfts, "done": done, "censored": censored[0]}
 
 
 def bg_new_tokens(args, k: int) -> int:
@@ -128,28 +128,27 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
                 bg = asyncio.create_task(background(bc, args, prompts,
                                                     0 if mode == "on" else None, stop))
                 await asyncio.sleep(args.ramp)                          # the queue fills up
-            m0, a0 = await _scrape(c), await _scrape_labeled(c)
+            m0 = await _scrape(c)
             t0, load0 = time.perf_counter(), os.getloadavg()[0]
 
             async def window_end() -> tuple[dict, float]:
                 await asyncio.sleep(args.duration)
-                a1 = await _scrape_labeled(c)          # waits for the step in flight
-                return a1, time.perf_counter() - t0
+                return await _scrape(c), time.perf_counter()   # waits for the step in flight
 
             end = asyncio.create_task(window_end())
             chat = await interactive(c, args, args.high if mode == "on" else None)
-            (a1, wall), load1 = await end, os.getloadavg()[0]
+            (mw, t1), load1 = await end, os.getloadavg()[0]
             m1, full = await _scrape(c), await _scrape_labeled(c)
             stop.set()
             if bg is not None:
                 bg.cancel()
-        key = "agentlang_agent_generation_tokens_total"
-        bg_tokens = a1.get("background", {}).get(key, 0) - a0.get("background", {}).get(key, 0)
+        key = "agentlang_generation_tokens_total"
+        bg_tokens = mw[key] - m0[key] - sum(n for t, n in chat["done"] if t <= t1)
         ttfts = chat["ttfts"]
         return {"turns": len(ttfts), "censored_turns": chat["censored"],
                 "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99), "ttft_max_s": max(ttfts),
                 "ttfts_sorted_s": [round(t, 3) for t in sorted(ttfts)],
-                "window_s": wall, "background_tokens_per_s": bg_tokens / wall,
+                "window_s": t1 - t0, "background_tokens_per_s": bg_tokens / (t1 - t0),
                 "preemptions": m1["agentlang_preemptions_total"] -
                 m0["agentlang_preemptions_total"], "per_agent": full,
                 "load_average_1min": [round(load0, 2), round(load1, 2)]}

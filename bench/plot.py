@@ -97,8 +97,16 @@ def multi_agent(d: dict, ax) -> str:
                                         "TTFT p99 (s)": [r["ttft_p99_s"] for r in runs.values()]},
          "interactive time to first token (s)", fmt="{:.2f}")
     ax.set_yscale("log")
+    if "idle" in runs:
+        target = 2 * runs["idle"]["ttft_p99_s"]
+        ax.axhline(target, color="grey", lw=0.8, ls=":")
+        ax.text(-0.4, target * 1.08, f"target: p99 ≤ 2× idle = {target:.2f} s", fontsize=8)
     censored = ", ".join(f"{k} {r['censored_turns']}/{r['turns']}" for k, r in runs.items())
-    return (f"Interactive agent vs {d['settings']['background']} background requests\n"
+    step = d["engine"].get("max_batch_tokens", 2048)
+    lost = d.get("background_throughput_lost")
+    lost = "" if lost is None else f"; background throughput lost {lost:.0%}"
+    return (f"Interactive agent vs {d['settings']['background']} background requests, "
+            f"{step} tokens/step{lost}\n"
             f"(turns without a first token in {d['settings']['turn_timeout']:.0f} s: {censored})")
 
 
