@@ -16,7 +16,9 @@ interactive ``priority`` = ``--high``, background ``priority`` = 0). Background 
 tokens generated on the server (``/metrics`` ``agentlang_generation_tokens_total``, counted
 per step) over a fixed window of ``--duration`` seconds from the first interactive turn, less
 the interactive turns finished in it, per second (the same window in every run, however long
-the last turns take); "lost" = 1 - on / off. Greedy, ``ignore_eos``.
+the last turns take); "lost" = 1 - on / off. The same per CPU second of the server process
+(``/proc``) as well: on a shared machine the wall-clock rate follows the other processes' load,
+the rate per CPU second much less. Greedy, ``ignore_eos``.
 
     python bench/multi_agent.py [--duration 60] [--period 2] [--background 128] [--quick]
 """
@@ -129,15 +131,16 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
                                                     0 if mode == "on" else None, stop))
                 await asyncio.sleep(args.ramp)                          # the queue fills up
             m0 = await _scrape(c)
-            t0, load0 = time.perf_counter(), os.getloadavg()[0]
+            t0, cpu0, load0 = time.perf_counter(), _cpu_s(proc.pid), os.getloadavg()[0]
 
-            async def window_end() -> tuple[dict, float]:
+            async def window_end() -> tuple[dict, float, float]:
                 await asyncio.sleep(args.duration)
-                return await _scrape(c), time.perf_counter()   # waits for the step in flight
+                m = await _scrape(c)                    # waits for the step in flight
+                return m, time.perf_counter(), _cpu_s(proc.pid)
 
             end = asyncio.create_task(window_end())
             chat = await interactive(c, args, args.high if mode == "on" else None)
-            (mw, t1), load1 = await end, os.getloadavg()[0]
+            (mw, t1, cpu1), load1 = await end, os.getloadavg()[0]
             m1, full = await _scrape(c), await _scrape_labeled(c)
             stop.set()
             if bg is not None:
@@ -149,6 +152,8 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
                 "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99), "ttft_max_s": max(ttfts),
                 "ttfts_sorted_s": [round(t, 3) for t in sorted(ttfts)],
                 "window_s": t1 - t0, "background_tokens_per_s": bg_tokens / (t1 - t0),
+                "server_cpu_s": cpu1 - cpu0,
+                "background_tokens_per_cpu_s": bg_tokens / max(cpu1 - cpu0, 1e-9),
                 "preemptions": m1["agentlang_preemptions_total"] -
                 m0["agentlang_preemptions_total"], "per_agent": full,
                 "load_average_1min": [round(load0, 2), round(load1, 2)]}
@@ -157,6 +162,12 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
         return asyncio.run(main())
     finally:
         stop_server(proc)
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the server process has used (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _scrape_labeled(c: httpx.AsyncClient) -> dict[str, dict[str, float]]:
@@ -222,7 +233,8 @@ def main() -> None:
               f"{r['ttft_p99_s']:.3f} s ({r['turns']} turns, {r['censored_turns']} censored); "
               f"background "
               f"{r['background_tokens_per_s']:.1f} tok/s; {r['preemptions']:.0f} preemptions; "
-              f"load {r['load_average_1min']}",
+              f"load {r['load_average_1min']}; "
+              f"{r['background_tokens_per_cpu_s']:.2f} background tok per server CPU s",
               flush=True)
     result = {"machine": "2-core x86_64 CPU (shared)", "model": "SmolLM2-135M-Instruct (float32)",
               "command": "python bench/multi_agent.py " + " ".join(sys.argv[1:]),
@@ -231,9 +243,11 @@ def main() -> None:
     if {"idle", "on"} <= set(runs):
         result["on_p99_over_idle_p99"] = runs["on"]["ttft_p99_s"] / runs["idle"]["ttft_p99_s"]
     if {"off", "on"} <= set(runs):
-        result["background_throughput_lost"] = 1 - (runs["on"]["background_tokens_per_s"] /
-                                                    runs["off"]["background_tokens_per_s"])
-    for k in ("on_p99_over_idle_p99", "background_throughput_lost"):
+        for k, per in (("", "background_tokens_per_s"),
+                       ("_per_cpu_s", "background_tokens_per_cpu_s")):
+            result["background_throughput_lost" + k] = 1 - runs["on"][per] / runs["off"][per]
+    for k in ("on_p99_over_idle_p99", "background_throughput_lost",
+              "background_throughput_lost_per_cpu_s"):
         if k in result:
             print(f"{k}: {result[k]:.3f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
