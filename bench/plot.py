@@ -103,10 +103,12 @@ def multi_agent(d: dict, ax) -> str:
         ax.text(-0.4, target * 1.08, f"target: p99 ≤ 2× idle = {target:.2f} s", fontsize=8)
     censored = ", ".join(f"{k} {r['censored_turns']}/{r['turns']}" for k, r in runs.items())
     step = d["engine"].get("max_batch_tokens", 2048)
-    lost = d.get("background_throughput_lost")
-    lost = "" if lost is None else f"; background throughput lost {lost:.0%}"
+    bg = ""
+    if {"off", "on"} <= set(runs) and "background_tokens_per_cpu_s" in runs["on"]:
+        off, on = (runs[k]["background_tokens_per_cpu_s"] for k in ("off", "on"))
+        bg = f"; background tok per server CPU s: off {off:.0f}, on {on:.0f}"
     return (f"Interactive agent vs {d['settings']['background']} background requests, "
-            f"{step} tokens/step{lost}\n"
+            f"{step} tokens/step{bg}\n"
             f"(turns without a first token in {d['settings']['turn_timeout']:.0f} s: {censored})")
 
 
