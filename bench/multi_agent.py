@@ -6,15 +6,19 @@ agent keeps the server busy, with priorities off, on, and on an idle server.
   seconds; TTFT = request sent → first SSE chunk with content (a turn with none within
   ``--turn-timeout`` counts as that, reported as censored). Label ``agent: interactive``.
 - background agent: ``--background`` closed-loop clients on ``POST /generate``, each sending
-  its next long request (``--bg-prompt-tokens`` prompt, ``--bg-new-tokens`` new) as soon as the
-  previous one finished, so that many are always queued or running. Label ``agent: background``.
+  its next long request (``--bg-prompt-tokens`` prompt, ``--bg-new-tokens`` ± ``--bg-spread``
+  new, seeded) as soon as the previous one finished, so that many are always queued or
+  running. Label ``agent: background``.
 
 Runs, each on a fresh ``python -m runtime.server`` process with the same settings:
 ``idle`` (interactive agent alone), ``off`` (both agents, no priorities), ``on`` (both,
 interactive ``priority`` = ``--high``, background ``priority`` = 0). Background throughput =
-tokens generated on the server during the interactive window (``/metrics``
-``agentlang_generation_tokens_total``) minus the interactive agent's, per second; "lost" =
-1 - on / off. Greedy, ``ignore_eos``.
+tokens generated on the server (``/metrics`` ``agentlang_generation_tokens_total``, counted
+per step) over a fixed window of ``--duration`` seconds from the first interactive turn, less
+the interactive turns finished in it, per second (the same window in every run, however long
+the last turns take); "lost" = 1 - on / off. The same per CPU second of the server process
+(``/proc``) as well: on a shared machine the wall-clock rate follows the other processes' load,
+the rate per CPU second much less. Greedy, ``ignore_eos``.
 
     python bench/multi_agent.py [--duration 60] [--period 2] [--background 128] [--quick]
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -42,9 +47,9 @@ QUESTIONS = ("What is the capital of France?", "Name a prime number above ten.",
 
 
 async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
-    """One chat turn every ``period`` s; returns TTFTs and tokens generated."""
+    """One chat turn every ``period`` s; returns TTFTs and (finish time, tokens) per turn."""
     ttfts: list[float] = []
-    tokens = [0]
+    done: list[tuple[float, int]] = []      # (time the usage arrived, tokens) per turn
     censored = [0]          # turns with no first token within turn_timeout (counted as it)
 
     async def turn(k: int) -> None:
@@ -62,7 +67,7 @@ async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
                 if first is None and any(ch["delta"].get("content") for ch in event["choices"]):
                     first = time.perf_counter() - t0
                 if event.get("usage"):
-                    tokens[0] += event["usage"]["completion_tokens"]
+                    done.append((time.perf_counter(), event["usage"]["completion_tokens"]))
 
         try:
             await asyncio.wait_for(read(), args.turn_timeout)
@@ -75,7 +80,15 @@ async def interactive(c: httpx.AsyncClient, args, priority: int | None) -> dict:
         turns.append(asyncio.create_task(turn(k)))
         await asyncio.sleep(args.period)
     await asyncio.gather(*turns)
-    return {"ttfts": ttfts, "tokens": tokens[0], "censored": censored[0]}
+    return {"ttfts": ttfts, "done": done, "censored": censored[0]}
+
+
+def bg_new_tokens(args, k: int) -> int:
+    """New tokens of the background agent's ``k``-th request: ``--bg-new-tokens`` ± the
+    spread, seeded by ``k`` (the same sequence in every run), so that the 128 clients do not
+    finish in lockstep waves (a wave's prefill makes the steps of a whole window long)."""
+    half = int(args.bg_new_tokens * args.bg_spread)
+    return args.bg_new_tokens + random.Random(k).randint(-half, half)
 
 
 async def background(c: httpx.AsyncClient, args, prompts: list[list[int]], priority: int | None,
@@ -84,8 +97,8 @@ async def background(c: httpx.AsyncClient, args, prompts: list[list[int]], prior
         k = i
         while not stop.is_set():
             body = {"input_ids": prompts[k % len(prompts)], "agent": "background",
-                    "sampling_params": {"max_new_tokens": args.bg_new_tokens, "temperature": 0,
-                                        "ignore_eos": True}}
+                    "sampling_params": {"max_new_tokens": bg_new_tokens(args, k),
+                                        "temperature": 0, "ignore_eos": True}}
             if priority is not None:
                 body["priority"] = priority
             try:
@@ -117,26 +130,44 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
                 bg = asyncio.create_task(background(bc, args, prompts,
                                                     0 if mode == "on" else None, stop))
                 await asyncio.sleep(args.ramp)                          # the queue fills up
-            m0, t0 = await _scrape(c), time.perf_counter()
+            m0 = await _scrape(c)
+            t0, cpu0, load0 = time.perf_counter(), _cpu_s(proc.pid), os.getloadavg()[0]
+
+            async def window_end() -> tuple[dict, float, float]:
+                await asyncio.sleep(args.duration)
+                m = await _scrape(c)                    # waits for the step in flight
+                return m, time.perf_counter(), _cpu_s(proc.pid)
+
+            end = asyncio.create_task(window_end())
             chat = await interactive(c, args, args.high if mode == "on" else None)
-            m1, wall = await _scrape(c), time.perf_counter() - t0
-            full = await _scrape_labeled(c)
+            (mw, t1, cpu1), load1 = await end, os.getloadavg()[0]
+            m1, full = await _scrape(c), await _scrape_labeled(c)
             stop.set()
             if bg is not None:
                 bg.cancel()
-        gen = m1["agentlang_generation_tokens_total"] - m0["agentlang_generation_tokens_total"]
+        key = "agentlang_generation_tokens_total"
+        bg_tokens = mw[key] - m0[key] - sum(n for t, n in chat["done"] if t <= t1)
         ttfts = chat["ttfts"]
         return {"turns": len(ttfts), "censored_turns": chat["censored"],
                 "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99), "ttft_max_s": max(ttfts),
                 "ttfts_sorted_s": [round(t, 3) for t in sorted(ttfts)],
-                "window_s": wall, "background_tokens_per_s": (gen - chat["tokens"]) / wall,
+                "window_s": t1 - t0, "background_tokens_per_s": bg_tokens / (t1 - t0),
+                "server_cpu_s": cpu1 - cpu0,
+                "background_tokens_per_cpu_s": bg_tokens / max(cpu1 - cpu0, 1e-9),
                 "preemptions": m1["agentlang_preemptions_total"] -
-                m0["agentlang_preemptions_total"], "per_agent": full}
+                m0["agentlang_preemptions_total"], "per_agent": full,
+                "load_average_1min": [round(load0, 2), round(load1, 2)]}
 
     try:
         return asyncio.run(main())
     finally:
         stop_server(proc)
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the server process has used (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _scrape_labeled(c: httpx.AsyncClient) -> dict[str, dict[str, float]]:
@@ -162,10 +193,19 @@ def main() -> None:
     ap.add_argument("--background", type=int, default=128)
     ap.add_argument("--bg-prompt-tokens", type=int, default=128)
     ap.add_argument("--bg-new-tokens", type=int, default=128)
+    ap.add_argument("--bg-spread", type=float, default=0.5,
+                    help="background new tokens vary uniformly by this fraction (0: all equal)")
     ap.add_argument("--high", type=int, default=10, help="the interactive priority when on")
     ap.add_argument("--ramp", type=float, default=10.0, help="background head start (s)")
     ap.add_argument("--kv-budget-mb", type=float, default=1024)
     ap.add_argument("--max-running", type=int, default=64)
+    ap.add_argument("--max-batch-tokens", type=int, default=None,
+                    help="tokens per engine step, all runs (default: the engine's 2048); on a "
+                         "CPU a step's time grows with it, and a new turn waits for the step "
+                         "in flight")
+    ap.add_argument("--max-lower-priority-tokens", type=int, default=None,
+                    help="lower-priority tokens in a step that serves a higher-priority "
+                         "prefill (default: the engine's)")
     ap.add_argument("--modes", default="idle,off,on")
     ap.add_argument("--quick", action="store_true",
                     help="20 s, 24 background clients of 64+32 tokens, 8 running, 4 s ramp")
@@ -182,6 +222,9 @@ def main() -> None:
     rng = random.Random(0)
     prompts = [text_of_tokens(tok, args.bg_prompt_tokens, rng) for _ in range(args.background)]
     engine_kwargs = {"kv_budget_mb": args.kv_budget_mb, "max_running": args.max_running}
+    for k in ("max_batch_tokens", "max_lower_priority_tokens"):
+        if getattr(args, k) is not None:
+            engine_kwargs[k] = getattr(args, k)
     runs = {}
     for mode in args.modes.split(","):
         runs[mode] = run_mode(mode, args, prompts, engine_kwargs)
@@ -189,7 +232,9 @@ def main() -> None:
         print(f"{mode:>4}: interactive TTFT p50 {r['ttft_p50_s']:.3f} s p99 "
               f"{r['ttft_p99_s']:.3f} s ({r['turns']} turns, {r['censored_turns']} censored); "
               f"background "
-              f"{r['background_tokens_per_s']:.1f} tok/s; {r['preemptions']:.0f} preemptions",
+              f"{r['background_tokens_per_s']:.1f} tok/s; {r['preemptions']:.0f} preemptions; "
+              f"load {r['load_average_1min']}; "
+              f"{r['background_tokens_per_cpu_s']:.2f} background tok per server CPU s",
               flush=True)
     result = {"machine": "2-core x86_64 CPU (shared)", "model": "SmolLM2-135M-Instruct (float32)",
               "command": "python bench/multi_agent.py " + " ".join(sys.argv[1:]),
@@ -198,9 +243,11 @@ def main() -> None:
     if {"idle", "on"} <= set(runs):
         result["on_p99_over_idle_p99"] = runs["on"]["ttft_p99_s"] / runs["idle"]["ttft_p99_s"]
     if {"off", "on"} <= set(runs):
-        result["background_throughput_lost"] = 1 - (runs["on"]["background_tokens_per_s"] /
-                                                    runs["off"]["background_tokens_per_s"])
-    for k in ("on_p99_over_idle_p99", "background_throughput_lost"):
+        for k, per in (("", "background_tokens_per_s"),
+                       ("_per_cpu_s", "background_tokens_per_cpu_s")):
+            result["background_throughput_lost" + k] = 1 - runs["on"][per] / runs["off"][per]
+    for k in ("on_p99_over_idle_p99", "background_throughput_lost",
+              "background_throughput_lost_per_cpu_s"):
         if k in result:
             print(f"{k}: {result[k]:.3f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

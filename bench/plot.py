@@ -97,8 +97,18 @@ def multi_agent(d: dict, ax) -> str:
                                         "TTFT p99 (s)": [r["ttft_p99_s"] for r in runs.values()]},
          "interactive time to first token (s)", fmt="{:.2f}")
     ax.set_yscale("log")
+    if "idle" in runs:
+        target = 2 * runs["idle"]["ttft_p99_s"]
+        ax.axhline(target, color="grey", lw=0.8, ls=":")
+        ax.text(-0.4, target * 1.08, f"target: p99 ≤ 2× idle = {target:.2f} s", fontsize=8)
     censored = ", ".join(f"{k} {r['censored_turns']}/{r['turns']}" for k, r in runs.items())
-    return (f"Interactive agent vs {d['settings']['background']} background requests\n"
+    step = d["engine"].get("max_batch_tokens", 2048)
+    bg = ""
+    if {"off", "on"} <= set(runs) and "background_tokens_per_cpu_s" in runs["on"]:
+        off, on = (runs[k]["background_tokens_per_cpu_s"] for k in ("off", "on"))
+        bg = f"; background tok per server CPU s: off {off:.0f}, on {on:.0f}"
+    return (f"Interactive agent vs {d['settings']['background']} background requests, "
+            f"{step} tokens/step{bg}\n"
             f"(turns without a first token in {d['settings']['turn_timeout']:.0f} s: {censored})")
 
 

@@ -75,7 +75,8 @@ class Engine:
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.page_size, cfg.max_batch_tokens, cfg.max_running,
                             cfg.max_wait_steps,
-                            low_priority_values_first=cfg.schedule_low_priority_values_first),
+                            low_priority_values_first=cfg.schedule_low_priority_values_first,
+                            max_lower_priority_tokens=cfg.max_lower_priority_tokens),
             self.allocator, self.cache, copy)
         graphs = make_decode_graphs(cfg.cuda_graph, self.model, self.pool, self.backend,
                                     self.allocator, cfg.max_running, mc.max_position_embeddings)

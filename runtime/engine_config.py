@@ -28,6 +28,7 @@ class EngineConfig:
     max_running: int = 64
     max_wait_steps: int = 64              # aging: +1 effective priority per this many steps waited
     schedule_low_priority_values_first: bool = False   # priority direction (runtime.priority)
+    max_lower_priority_tokens: int = 8    # lower-priority tokens in an urgent step (priority.py)
     max_agent_labels: int = 32            # per-agent accounting series before "other"
     attention_backend: str = "auto"
     grammar_backend: str = "xgrammar"
@@ -42,7 +43,8 @@ class EngineConfig:
             raise ValueError(f"weights must be 'auto' or 'dense', got {self.weights!r}")
         if self.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(f"page_size must be a power of two in [1, 128], got {self.page_size!r}")
-        for name in ("max_batch_tokens", "max_running", "max_wait_steps"):
+        for name in ("max_batch_tokens", "max_running", "max_wait_steps",
+                     "max_lower_priority_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")

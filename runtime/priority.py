@@ -30,11 +30,25 @@ mostly from there). Aging protects running requests but never makes a waiting on
 with equal priorities nothing is preempted for ordering, as before, and an aged request that
 outranks the arrivals is first in line when a slot frees (running requests are bounded by
 their ``max_tokens``).
+
+Urgent steps (what keeps a high-priority time to first token short under load): while a
+request needs more than a decode (it waits, or has a prefill chunk left) and some request
+present has a lower effective priority than its rank, the step is *urgent* for the highest such
+rank ``top`` (:meth:`PriorityPolicy.urgent_rank`). It first schedules the requests whose
+effective priority is at least ``top`` (running work, then admissions) within the step budget
+less ``min(L, max_batch_tokens // 2)``, then gives everything below ``top`` at most ``L``
+tokens (``L`` = the scheduler's ``max_lower_priority_tokens``; running work oldest admission
+first, then admissions). So the step that computes the high-priority prefill is about as
+short as on an idle server, the request is not held behind lower-priority prefill chunks of
+earlier admissions, and a running lower-priority request still progresses (oldest first);
+aging lifts a waiting one to ``top`` as above. With equal priorities no step is urgent:
+scheduling is exactly as without priorities.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import chain
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,6 +73,7 @@ class Prioritized(Protocol):
     priority: int
     wait_steps: int
     admit_seq: int
+    num_uncomputed: int      # tokens the next step(s) must run (1 = a decode)
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,21 @@ class PriorityPolicy:
             if best is None or (eff, -r.admit_seq) < (best[0], -best[1].admit_seq):
                 best = (eff, r)
         return None if best is None else best[1]
+
+    def urgent_rank(self, waiting: Iterable[Prioritized], running: Iterable[Prioritized]
+                    ) -> int | None:
+        """The rank an urgent step serves first, or None for an ordinary step: the highest
+        rank among requests that need more than a decode (every waiting one; a running one
+        with ``num_uncomputed > 1``), if some request present has a lower effective priority."""
+        waiting, running = list(waiting), list(running)
+        ranks = [self.rank(r.priority) for r in waiting] + \
+                [self.rank(r.priority) for r in running if r.num_uncomputed > 1]
+        if not ranks:
+            return None
+        top = max(ranks)
+        if all(self.effective(r) >= top for r in chain(waiting, running)):
+            return None
+        return top
 
     def make_room(self, waiting: Iterable[Prioritized], running: list[Prioritized],
                   slots: int, free_pages: int, room: "RoomCosts") -> int:

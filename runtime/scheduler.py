@@ -11,6 +11,13 @@ Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_bat
    A waiting request whose not-yet-cached prompt overlaps a prefill in flight waits one more
    step, so a shared prefix is computed once and then matched from the cache.
 
+An *urgent* step (``PriorityPolicy.urgent_rank``: a request needing a prefill outranks some
+request present) does 1–2 first for the requests at or above that rank only, within the budget
+less ``min(max_lower_priority_tokens, max_batch_tokens // 2)``, then 1–2 for the rest within at
+most ``max_lower_priority_tokens`` tokens: a high-priority prefill neither waits behind
+lower-priority prefill chunks nor shares its step with a full lower-priority batch, and a
+running lower-priority request still progresses. With equal priorities no step is urgent.
+
 Out of pages: evict from the radix cache, then preempt the running request of lowest effective
 priority, most recently admitted first (its computed KV goes into the cache, it is requeued and recomputed later). A request
 is never dropped; one that cannot fit even alone ends with ``finish_reason="length"``.
@@ -43,6 +50,7 @@ class SchedulerConfig:
     max_wait_steps: int = 64
     min_shared_prefix: int = 32   # tokens of in-flight overlap that make a request wait a step
     low_priority_values_first: bool = False
+    max_lower_priority_tokens: int = 8   # lower-priority tokens in an urgent step
 
 
 class ScheduledItem(NamedTuple):
@@ -190,11 +198,33 @@ class Scheduler:
             self.policy.make_room(self.waiting, self.running,
                                   self.cfg.max_running - len(self.running),
                                   self.allocator.num_free + self.cache.evictable_pages, self)
-        budget = self.cfg.max_batch_tokens
+        top = self.policy.urgent_rank(self.waiting, self.running)
+        first = (lambda r: True) if top is None else (lambda r: self.policy.effective(r) >= top)
         items: list[ScheduledItem] = []
         unfit: list[Request] = []
-        for req in sorted(self.running, key=lambda r: r.admit_seq):
-            if req not in self.running or req.num_uncomputed == 0 or budget == 0:
+        low = self.cfg.max_lower_priority_tokens
+        # an urgent step keeps min(low, half the step) tokens for the rest: they progress
+        limit = self.cfg.max_batch_tokens - (0 if top is None else
+                                             min(low, self.cfg.max_batch_tokens // 2))
+        self._run_running(items, unfit, first, limit)
+        for r in self.waiting:
+            r.wait_steps += 1
+        self._admit(items, limit - _tokens(items), first)
+        if top is not None:      # an urgent step: the rest get a small budget
+            limit = min(self.cfg.max_batch_tokens, _tokens(items) + low)
+            rest = lambda r: not first(r)                      # noqa: E731
+            self._run_running(items, unfit, rest, limit)
+            self._admit(items, limit - _tokens(items), rest)
+        return Schedule(items, unfit)
+
+    def _run_running(self, items: list[ScheduledItem], unfit: list[Request],
+                     select: Callable[[Request], bool], limit: int) -> None:
+        """Append the uncomputed work of the selected running requests (oldest admission
+        first) while ``items`` hold fewer than ``limit`` tokens. Reserving pages may preempt;
+        preempted requests' items are dropped, ``unfit`` gets those that cannot fit alone."""
+        budget = limit - _tokens(items)
+        for req in sorted((r for r in self.running if select(r)), key=lambda r: r.admit_seq):
+            if req not in self.running or req.num_uncomputed == 0 or budget <= 0:
                 continue
             if req.draft and req.num_uncomputed > budget:
                 req.draft = []                        # a draft is verified whole or not at all
@@ -208,19 +238,16 @@ class Scheduler:
             items.append(self._item(req, n))
             budget -= n
         # Preemption may have removed requests scheduled earlier in this loop.
-        items = [it for it in items if it.req in self.running]
-        budget = self.cfg.max_batch_tokens - sum(len(it.tokens) for it in items)
-        self._admit(items, budget)
-        return Schedule(items, unfit)
+        items[:] = [it for it in items if it.req in self.running]
 
-    def _admit(self, items: list[ScheduledItem], budget: int) -> None:
-        for r in self.waiting:
-            r.wait_steps += 1
+    def _admit(self, items: list[ScheduledItem], budget: int,
+               select: Callable[[Request], bool]) -> None:
+        """Admit selected waiting requests (``admission_key`` order) within ``budget``."""
         if not self.waiting or budget <= 0:
             return
         ps = self.cfg.page_size
         keyed = []
-        for r in self.waiting:
+        for r in (r for r in self.waiting if select(r)):
             m = self.cache.match_prefix(TokenKey.trusted(r.all_ids), r.group.namespace,
                                         record=False)
             keyed.append((self.policy.admission_key(r, m.length), r, m))
@@ -285,3 +312,7 @@ class Scheduler:
             # the sample row, and one row per draft token to verify
             rows += [r for r in range(n - 1 - len(req.draft), n) if not rows or r > rows[-1]]
         return ScheduledItem(req, start, ids[start:start + n], rows)
+
+
+def _tokens(items: list[ScheduledItem]) -> int:
+    return sum(len(it.tokens) for it in items)

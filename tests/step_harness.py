@@ -77,12 +77,13 @@ class StepHarness:
     def __init__(self, page_size: int = 4, num_pages: int = 256, max_batch_tokens: int = 256,
                  max_running: int = 16, max_wait_steps: int = 64, min_shared_prefix: int = 32,
                  max_context: int = 4096, low_priority_values_first: bool = False,
-                 max_agent_labels: int = 32):
+                 max_agent_labels: int = 32, max_lower_priority_tokens: int = 8):
         self.allocator = PageAllocator(num_pages)
         self.cache = RadixCache(self.allocator, page_size)
         self.scheduler = Scheduler(
             SchedulerConfig(page_size, max_batch_tokens, max_running, max_wait_steps,
-                            min_shared_prefix, low_priority_values_first),
+                            min_shared_prefix, low_priority_values_first,
+                            max_lower_priority_tokens),
             self.allocator, self.cache, lambda src, dst: None)
         self.agent_stats = AgentStats(max_agent_labels)
         self.tracker = RequestTracker(self.agent_stats)

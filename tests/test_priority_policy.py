@@ -19,6 +19,7 @@ class Req:
     wait_steps: int = 0
     admit_seq: int = 0
     pages: int = 1
+    num_uncomputed: int = 1       # 1: decoding; more: a prefill chunk left
 
 
 def order(policy: PriorityPolicy, reqs: list[Req], cached: dict[str, int] | None = None):
@@ -155,3 +156,26 @@ def test_label_validation():
     for bad in ("", "x" * 65, "has space", "é", 3, ["a"]):
         with pytest.raises(ValueError, match=r"^agent: "):
             check_label(bad)
+
+
+def test_urgent_rank_only_for_a_prefill_that_outranks_someone():
+    p = PriorityPolicy(age_steps=4)
+    dec_hi, dec_lo = Req("dh", priority=5), Req("dl", priority=0)
+    pre_hi, pre_lo = Req("ph", priority=5, num_uncomputed=9), Req("pl", num_uncomputed=9)
+    assert p.urgent_rank([], [dec_hi, dec_lo]) is None            # only decodes
+    assert p.urgent_rank([], [pre_lo, dec_hi]) is None            # the prefill is the lowest
+    assert p.urgent_rank([Req("w", priority=5)], [dec_hi]) is None    # equal priorities
+    assert p.urgent_rank([Req("w", priority=5)], [dec_lo]) == 5   # a waiting request needs one
+    assert p.urgent_rank([], [pre_hi, dec_lo]) == 5               # a running prefill chunk left
+    mid = Req("m", priority=3)
+    assert p.urgent_rank([mid], [dec_hi, dec_lo]) == 3            # the highest *needing* one
+    # aging lifts a lower request to the top rank: it is not "below", nothing is urgent
+    assert p.urgent_rank([Req("w", priority=5)], [Req("aged", wait_steps=20)]) is None
+    # equal priorities with aged waiters (the no-priority workload): never urgent
+    assert p.urgent_rank([Req("a", wait_steps=9), Req("b")], [Req("c")]) is None
+
+
+def test_urgent_rank_follows_the_direction():
+    p = PriorityPolicy(low_values_first=True)
+    assert p.urgent_rank([Req("w", priority=-3)], [Req("r", priority=0)]) == 3
+    assert p.urgent_rank([Req("w", priority=3)], [Req("r", priority=0)]) is None

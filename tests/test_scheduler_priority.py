@@ -1,7 +1,9 @@
 """Priorities in the scheduler, on the model-free step harness: admission order, the
 low-values-first direction, preemption by priority for a batch slot and for KV pages (pages
 freed, reused, nothing leaked), equal priorities never preempt, the aging bound against a
-stream of higher-priority arrivals, greedy outputs unchanged, per-label totals."""
+stream of higher-priority arrivals, greedy outputs unchanged, per-label totals, urgent steps
+(a high-priority prefill is not held behind lower-priority chunks and shares its step with at
+most ``max_lower_priority_tokens`` lower-priority tokens; lower priorities keep progressing)."""
 
 from __future__ import annotations
 
@@ -146,3 +148,86 @@ def test_random_priorities_in_a_tiny_pool_keep_outputs_and_pages():
         preempted += h.scheduler.preemptions
         h.assert_no_leak()
     assert preempted > 0
+
+
+def _tokens_by(step, pred) -> int:
+    return sum(len(it.tokens) for it in step if pred(it.req))
+
+
+def test_urgent_step_runs_a_high_prefill_before_lower_chunks():
+    """Low requests with long prompts are mid-prefill (their chunks alone fill the budget);
+    a high arrival is computed whole in the next step, next to at most 3 low tokens."""
+    h = StepHarness(page_size=PS, max_batch_tokens=32, max_running=8,
+                    max_lower_priority_tokens=3)
+    lows = [h.submit(prompt(i, 100), max_tokens=4, ignore_eos=True) for i in range(3)]
+    h.step()
+    assert lows[0].children[0].num_uncomputed > 32            # its chunk fills the next step
+    hi = h.submit(prompt(9, 12), max_tokens=3, ignore_eos=True, priority=1)
+    h.step()
+    step = h.runner.steps[-1]
+    assert _tokens_by(step, lambda r: r.group is hi) == 12   # the whole prompt: first token
+    assert _tokens_by(step, lambda r: r.priority == 0) == 3
+    assert len(hi.children[0].output_ids) == 1
+    h.run()
+    for g, n in [(g, 4) for g in lows] + [(hi, 3)]:
+        assert g.children[0].output_ids == expected_tokens(g.prompt_ids, n)
+    h.assert_no_leak()
+
+
+def test_without_a_higher_prefill_steps_are_unchanged():
+    """Equal priorities (aged or not) and a decoding high request: full steps for everyone."""
+    for prios in ([0, 0, 0], [4, 4, 4]):
+        h = StepHarness(page_size=PS, max_batch_tokens=32, max_running=2, max_wait_steps=1,
+                        max_lower_priority_tokens=1)
+        for i, p in enumerate(prios):
+            h.submit(prompt(i, 40), max_tokens=6, ignore_eos=True, priority=p)
+        h.run()
+        # every step is full until the prefills are done: nothing was held to 1 token
+        assert [sum(len(it.tokens) for it in s) for s in h.runner.steps[:2]] == [32, 32]
+        h.assert_no_leak()
+
+
+def test_lower_priorities_progress_under_sustained_urgent_steps():
+    """A high-priority prefill in every step: a running low request still gets its token
+    budget each step (oldest admission first) and finishes with its greedy tokens."""
+    h = StepHarness(page_size=PS, max_batch_tokens=16, max_running=16,
+                    max_lower_priority_tokens=1)
+    low = h.submit(prompt(0, 8), max_tokens=12, ignore_eos=True)
+    h.step()
+    req = low.children[0]
+    for k in range(12):
+        if req.finish_reason is not None:
+            break
+        h.submit(prompt(1 + k, 24), max_tokens=1, ignore_eos=True, priority=2)
+        before = req.num_computed
+        h.step()
+        assert any(it.req.priority == 2 and len(it.tokens) > 1 for it in h.runner.steps[-1])
+        assert req.num_computed == before + 1            # one low token per urgent step
+        assert sum(len(it.tokens) for it in h.runner.steps[-1]) == 16
+    assert req.preemptions == 0
+    h.run()
+    assert req.output_ids == expected_tokens(low.prompt_ids, 12)
+    h.assert_no_leak()
+
+
+def test_random_priorities_with_chunked_prefill_keep_outputs_and_pages():
+    """Urgent steps with small budgets, chunked prefills and a tiny pool: greedy tokens and
+    pages as without priorities."""
+    import random
+
+    rng = random.Random(1)
+    for _ in range(10):
+        h = StepHarness(page_size=PS, num_pages=24, max_batch_tokens=12, max_running=4,
+                        max_lower_priority_tokens=rng.choice([1, 2, 5]))
+        groups = []
+        for k in range(10):
+            groups.append(h.submit([rng.randint(1, 60) for _ in range(rng.randint(5, 30))],
+                                   max_tokens=8, ignore_eos=True,
+                                   priority=rng.choice([0, 0, 3, 7])))
+            if k % 3 == 2:
+                h.step()
+        h.run(3000)
+        for g in groups:
+            assert g.error is None and g.children[0].output_ids == expected_tokens(
+                g.prompt_ids, 8)
+        h.assert_no_leak()
