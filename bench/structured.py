@@ -5,9 +5,15 @@
 (b) forward passes and wall time, jump-forward off vs on, for a key-heavy schema (8 fixed keys);
 (c) validity: 20 JSON schemas × 3 prompts, both grammar backends — share of outputs that parse
     and validate with ``jsonschema`` (features a backend cannot enforce are refused with an
-    error and reported as "unsupported", never silently relaxed).
+    error and reported as "unsupported", never silently relaxed);
+(d) budget-aware completion (issue 16): the grid of ``tests/data/budget_grid.py`` (20 schemas,
+    3 regexes, a Lark grammar × max_tokens in [minimum, minimum + 40] × temperature {0, 1, 1.5}),
+    ``--budget-generations`` per backend, the same jobs with ``complete_within_budget`` on and
+    off (off: the text cut at ``max_tokens``, what an SGLang/vLLM/Outlines user sees);
+(e) the per-step cost of the budget guard (shortest-completion search + verification in
+    :meth:`BudgetGuard.settle`) as % of step time, batch 16.
 
-    python bench/structured.py [--quick]
+    python bench/structured.py [--quick] [--budget-generations N]
 """
 
 from __future__ import annotations
@@ -15,24 +21,48 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import jsonschema
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 from bench.output import write_results  # noqa: E402
+from data import budget_grid  # noqa: E402
 from data.schemas import KEY_HEAVY, SCHEMAS  # noqa: E402
 from runtime import Engine, SamplingParams  # noqa: E402
 import runtime.grammar.mask as mask_mod  # noqa: E402
+from runtime.errors import ErrorCode  # noqa: E402
+from runtime.grammar.budget import BudgetGuard  # noqa: E402
 from runtime.grammar.xgrammar_backend import XGrammarMatcher  # noqa: E402
 
 PROMPTS = ["Give an example JSON value for '{n}'.",
            "Produce realistic data matching the '{n}' format.",
            "Return one '{n}' record as JSON."]
+
+
+@contextlib.contextmanager
+def settle_timer(acc: list[float]):
+    """Accumulate wall time spent in :meth:`BudgetGuard.settle`."""
+    orig = BudgetGuard.settle
+
+    def timed(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return orig(self, *a, **k)
+        finally:
+            acc[0] += time.perf_counter() - t
+
+    BudgetGuard.settle = timed
+    try:
+        yield
+    finally:
+        BudgetGuard.settle = orig
 
 
 @contextlib.contextmanager
@@ -104,7 +134,7 @@ def validity(eng: Engine, n_prompts: int) -> dict:
         outs = eng.generate([chat(p.format(n=name)) for p in PROMPTS[:n_prompts]],
                             SamplingParams(max_tokens=200, temperature=0, json_schema=schema))
         for out in outs:
-            if out.error and "json_schema" in out.error:
+            if out.error is not None and out.error.code is ErrorCode.INVALID_CONSTRAINT:
                 unsupported += 1
                 continue
             try:
@@ -118,12 +148,57 @@ def validity(eng: Engine, n_prompts: int) -> dict:
             "valid_pct": 100 * ok / total if total else 0.0, "failures": failures}
 
 
+def budget_validity(eng: Engine, generations: int, seed: int = 16) -> dict:
+    """(d): the same seeded jobs with the guard on and off."""
+    low, refused = budget_grid.minimums(eng, budget_grid.cases())
+    jobs = budget_grid.draw_jobs(low, generations, seed)
+    res: dict = {"generations": len(jobs), "minimums": low, "refused": refused}
+    for flag in (True, False):
+        with tqdm(total=len(jobs), desc=f"  guard {'on' if flag else 'off'}", leave=False) as bar:
+            t = time.perf_counter()
+            rs = budget_grid.run_jobs(eng, jobs, flag, chunk=64, progress=bar.update)
+            wall = time.perf_counter() - t
+        valid = sum(r.valid for r in rs)
+        res["on" if flag else "off"] = {
+            "valid": valid, "valid_pct": 100 * valid / len(rs), "wall_s": wall,
+            "errors": sum(r.error is not None for r in rs),
+            "forced_tokens": sum(r.forced for r in rs),
+            "outputs_with_forced_tokens": sum(r.forced > 0 for r in rs),
+            "finish_length": sum(r.finish_reason == "length" for r in rs),
+            "invalid_by_case": {n: sum(1 for r in rs if r.job.name == n and not r.valid)
+                                for n in sorted({r.job.name for r in rs if not r.valid})},
+            "invalid_examples": [{"case": r.job.name, "max_tokens": r.job.max_tokens,
+                                  "text": r.text[-120:]} for r in rs if not r.valid][:5]}
+    return res
+
+
+def settle_cost(eng: Engine, batch: int = 16) -> dict:
+    """(e): share of step time spent in BudgetGuard.settle at ``batch`` JSON requests (three
+    free strings: the plan changes at most steps, so most steps search or look up)."""
+    schema = SCHEMAS[1][1]
+    prompts = [chat(f"Invent address {i} as JSON.") for i in range(batch)]
+    sp = SamplingParams(max_tokens=80, temperature=1.0, seed=5, json_schema=schema)
+    eng.generate(prompts[:1], sp)                      # compile + warm up
+    acc = [0.0]
+    before = eng.metrics()["forward_passes"]
+    t = time.perf_counter()
+    with settle_timer(acc):
+        eng.generate(prompts, sp)
+    wall = time.perf_counter() - t
+    steps = eng.metrics()["forward_passes"] - before
+    return {"batch": batch, "steps": steps, "step_ms": 1e3 * wall / steps,
+            "settle_ms_per_step": 1e3 * acc[0] / steps, "settle_pct": 100 * acc[0] / wall}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 prompt per schema, batch 4")
     ap.add_argument("--out", help="JSON output (default: bench/results/structured.json; "
                     "a --quick run: a temporary directory)")
+    ap.add_argument("--budget-generations", type=int, default=1200,
+                    help="(d) generations per backend, each run with the guard on and off "
+                    "(--quick: 48)")
     args = ap.parse_args()
     results = {"machine": "2-core x86_64 CPU, 24 GiB", "model": "SmolLM2-135M-Instruct",
                "dtype": "float32"}
@@ -136,13 +211,24 @@ def main() -> None:
     print(f"(b) jump-forward: passes {jf['off']['forward_passes']} → {jf['on']['forward_passes']} "
           f"({jf['passes_saved_pct']:.0f}% fewer), wall {jf['off']['wall_s']:.1f}s → "
           f"{jf['on']['wall_s']:.1f}s, identical text: {jf['identical_text']}", flush=True)
+    engines = {"xgrammar": eng,
+               "outlines": Engine(page_size=16, kv_budget_mb=512, grammar_backend="outlines")}
     results["validity"] = {}
-    for backend in ("xgrammar", "outlines"):
-        e = eng if backend == "xgrammar" else Engine(page_size=16, kv_budget_mb=512,
-                                                     grammar_backend=backend)
+    for backend, e in engines.items():
         v = results["validity"][backend] = validity(e, 1 if args.quick else 3)
         print(f"(c) {backend}: {v['valid']}/{v['valid'] + v['invalid']} valid "
               f"({v['valid_pct']:.0f}%), {v['unsupported']} refused as unsupported", flush=True)
+    results["budget"], results["budget_cost"] = {}, {}
+    n = 48 if args.quick else args.budget_generations
+    for backend, e in engines.items():
+        b = results["budget"][backend] = budget_validity(e, n)
+        print(f"(d) {backend}: guard on {b['on']['valid']}/{b['generations']} valid "
+              f"({b['on']['valid_pct']:.1f}%), off {b['off']['valid']}/{b['generations']} "
+              f"({b['off']['valid_pct']:.1f}%); refused: {sorted(b['refused'])}", flush=True)
+        c = results["budget_cost"][backend] = settle_cost(e)
+        print(f"(e) {backend}: batch {c['batch']}: step {c['step_ms']:.1f} ms, guard "
+              f"{c['settle_ms_per_step']:.2f} ms/step = {c['settle_pct']:.2f}%", flush=True)
+    results["loadavg_1_5_15"] = os.getloadavg()
     out = write_results("structured", results, args.out, args.quick)
     print(f"wrote {out}")
 
