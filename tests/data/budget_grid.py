@@ -70,9 +70,12 @@ def minimums(eng, names: Iterable[tuple[str, dict]]) -> tuple[dict[str, int], di
 
 def draw_jobs(low: dict[str, int], count: int, seed: int) -> list[Job]:
     """``count`` jobs cycling through the runnable cases × temperatures, budgets drawn in
-    [minimum, minimum + SPAN]."""
+    [minimum, minimum + SPAN]. Ordered so that the first ``len(low)`` jobs hold every case once
+    (temperatures alternating) and every ``3 * len(low)`` the whole case × temperature grid."""
     rng = random.Random(seed)
-    grid = [(n, kw, t) for n, kw in cases() if n in low for t in TEMPERATURES]
+    runnable = [(n, kw) for n, kw in cases() if n in low]
+    grid = [(n, kw, TEMPERATURES[(i + k) % len(TEMPERATURES)])
+            for k in range(len(TEMPERATURES)) for i, (n, kw) in enumerate(runnable)]
     jobs = []
     while len(jobs) < count:
         for n, kw, t in grid[:count - len(jobs)]:
