@@ -12,6 +12,7 @@ import pytest
 
 import agentlang as al
 from agentlang.agent import call_schema, final_schema
+from data.dsl_tools import multiply, to_fahrenheit
 from runtime import SamplingParams
 from runtime.grammar.budget import BudgetTooSmall
 
@@ -37,23 +38,6 @@ def minimum(runtime, **constraint) -> int:
     with pytest.raises(BudgetTooSmall) as e:
         runtime.engine.generate("x", SamplingParams(max_tokens=1, **constraint))
     return e.value.minimum
-
-
-@al.tool
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: the first factor
-        b: the second factor
-    """
-    return a * b
-
-
-@al.tool
-def to_fahrenheit(celsius: float) -> float:
-    """Convert a temperature from Celsius to Fahrenheit."""
-    return celsius * 9 / 5 + 32
 
 
 TOOLS = {"multiply": multiply, "to_fahrenheit": to_fahrenheit}
