@@ -19,6 +19,7 @@ import pydantic
 import pytest
 
 import agentlang as al
+from data.dsl_tools import multiply, to_fahrenheit
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,23 +239,6 @@ def test_run_batch_of_16_with_progress_bar(backend, capsys):
         page = backend.engine.config.page_size
         hit = after["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
         assert hit >= 16 * (shared // page * page)
-
-
-@al.tool
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: the first factor
-        b: the second factor
-    """
-    return a * b
-
-
-@al.tool
-def to_fahrenheit(celsius: float) -> float:
-    """Convert a temperature from Celsius to Fahrenheit."""
-    return celsius * 9 / 5 + 32
 
 
 def test_tool_calling_pipeline_validates_arguments(backend):

@@ -71,14 +71,33 @@ def test_schema_set_at_the_minimum_budget(eng):
         jsonschema.validate(json.loads(out.text), schema)
 
 
-def test_same_tokens_when_the_budget_does_not_matter(eng):
-    regex = r"(yes|no|maybe), because [a-z ]{1,40}\."
-    params = dict(max_tokens=60, temperature=1.0, seed=3, regex=regex, n=2)
-    on, off = (eng.generate(chat("Is the sky blue?"),
-                            SamplingParams(complete_within_budget=flag, **params))
+ENUMS = next(s for n, s, _ in SCHEMAS if n == "enums")   # no free text: always ends early
+
+
+@pytest.mark.parametrize("constraint", [{"regex": r"(yes|no|maybe), because [a-z ]{1,40}\."},
+                                        {"json_schema": ENUMS}], ids=["regex", "json_schema"])
+def test_same_tokens_when_the_budget_does_not_matter(eng, constraint):
+    """Batched (n=2, two temperatures) and streamed: token-identical with the guard on and off
+    when every output ends (``stop``) before the budget could matter."""
+    prompts = [chat("Is the sky blue?"), chat("Rate this ticket as JSON.")]
+
+    def params(flag, t):
+        return SamplingParams(max_tokens=60, temperature=t, seed=3, n=2,
+                              complete_within_budget=flag, **constraint)
+    on, off = (eng.generate(prompts * 2, [params(flag, t) for t in (1.0, 1.5) for _ in prompts])
                for flag in (True, False))
-    assert [c.token_ids for c in on.outputs] == [c.token_ids for c in off.outputs]
-    assert all(c.forced_completion_tokens == 0 for c in on.outputs)
+    for a, b in zip(on, off):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+        assert all(c.finish_reason == "stop" and c.forced_completion_tokens == 0
+                   for c in a.outputs), [(c.finish_reason, c.text) for c in a.outputs]
+    streamed = {}
+    for flag in (True, False):
+        ids = {0: [], 1: []}
+        for d in eng.generate_stream(prompts[1], params(flag, 1.5)):
+            ids[d.index] += d.token_ids
+        streamed[flag] = ids
+    assert streamed[True] == streamed[False]
+    assert [streamed[True][i] for i in (0, 1)] == [c.token_ids for c in on[3].outputs]
 
 
 def test_refusal_queues_nothing(eng):

@@ -122,5 +122,7 @@ class Runtime(Backend):
         logprobs = None
         if first.logprobs is not None:
             logprobs = [(t.logprob, t.token_id, list(t.top)) for t in first.logprobs]
+        # forced_completion_tokens: tokens the budget guard chose to keep the output valid
         return GenResult(first.text, first.finish_reason or "stop", first.matched_stop,
-                         dict(out.meta), logprobs)
+                         dict(out.meta, forced_completion_tokens=first.forced_completion_tokens),
+                         logprobs)
