@@ -179,8 +179,9 @@ def main() -> None:
                       f"load average {os.getloadavg()[0]:.1f} at start (shared machine)",
            "model": gguf.name}
     if "speed" not in args.skip:
-        res["speed_bf16"] = speed(gguf, 3 if args.quick else 5, 64, 512, "bfloat16")
-        print("speed (bf16 activations):", {k: v for k, v in res["speed_bf16"].items() if k != "rounds"})
+        for dtype in ("float32", "bfloat16"):      # activations (matmuls run in bf16 either way)
+            r = res[f"speed_{dtype}"] = speed(gguf, 3 if args.quick else 5, 64, 512, dtype)
+            print(f"speed ({dtype} activations):", {k: v for k, v in r.items() if k != "rounds"})
     if "quality" not in args.skip:
         with tempfile.TemporaryDirectory() as d:
             res["quality"] = quality(gguf, prompts[:n_prompts], positions, Path(d))
