@@ -57,14 +57,17 @@ def test_disconnect_mid_stream_frees_pages(server, http, path, body):
         with c.stream("POST", path, json=body) as r:
             assert r.status_code == 200
             events = 0
+            samples = []
             for line in r.iter_lines():
                 events += line.startswith("data:")
                 if events >= 3:
+                    # the request is live while its stream is being read (sampled before
+                    # leaving the loop: leaving it may already close the connection, and the
+                    # abort then races these reads; metrics are read without the step lock)
+                    samples = [metrics(http) for _ in range(5)]
                     break
-            # the request is live (metrics are read without the step lock: sample a few times)
-            samples = [metrics(http) for _ in range(5)]
             assert any(m["agentlang_num_requests_running"] + m["agentlang_num_requests_waiting"]
-                       == 1 for m in samples), samples[-1]
+                       == 1 for m in samples), samples[-1:]
     # 900 tokens take a minute or more on this CPU: an idle engine within seconds means the
     # disconnect aborted the request
     t0 = time.monotonic()
