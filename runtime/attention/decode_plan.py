@@ -49,7 +49,7 @@ def decode_plan(page_table: torch.Tensor, seq_lens: list[int], page_size: int) -
     for rows in length_buckets(own_lens):
         L = max(own_lens[b] for b in rows)
         n = (L + page_size - 1) // page_size
-        everyone = rows == list(range(B)) if len(rows) == B else False
+        everyone = rows == list(range(B))                # all rows, already in order
         if not any(shared[b] for b in rows):
             pages = (table if everyone else table[rows])[:, :n]                  # [b, n]
         else:
