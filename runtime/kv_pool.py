@@ -140,12 +140,15 @@ class KVPool:
         """Write ``k, v`` [T, Hkv, D] into ``slots`` [T] int64 (distinct, in
         ``[0, capacity_tokens)``), converted to the storage dtype (quantized when the pool is)."""
         H, D = self.layout.num_kv_heads, self.layout.head_dim
+        if self.scales is None:                 # stored as computed: K and V in one copy
+            kv = torch.stack((k, v)) if k.dtype == v.dtype else torch.stack((k, v.to(k.dtype)))
+            if kv.dtype != self.layout.dtype:
+                kv = kv.to(self.layout.dtype)                               # [2, T, H, D]
+            self._raw[layer].view(2, -1, H, D).index_copy_(1, slots, kv)
+            return
         fmt = self.layout.format
         for which, x in ((0, k), (1, v)):
             dst = self._raw[layer, which].view(-1, H, D)                  # [P*S, H, D]
-            if fmt is None:
-                dst.index_copy_(0, slots, x.to(self.layout.dtype))
-                continue
             q, s = quantize(x, fmt)                                         # [T,H,D], [T,H]
             dst.index_copy_(0, slots, q.view(torch.uint8))
             self.scales[layer, which].view(-1, H).index_copy_(0, slots, s)
@@ -160,6 +163,16 @@ class KVPool:
             return raw                                # auto: stored in the compute dtype
         scale = self.scales[layer, which].index_select(0, idx).view(shape[:-1])
         return dequantize(raw.view(self.layout.storage_dtype), scale, self.layout.dtype)
+
+    def gather_kv(self, layer: int, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of pages ``page_ids`` (integer tensor ``[...]``), each ``[..., page_size,
+        Hkv, D]`` in the compute dtype: :meth:`gather` of both, read in one indexed copy."""
+        if self.scales is not None:
+            return self.gather(layer, 0, page_ids), self.gather(layer, 1, page_ids)
+        idx = page_ids.reshape(-1)
+        shape = (2, *page_ids.shape, *self._raw.shape[3:])                  # [2, ..., S, H, D]
+        k, v = self._raw[layer].index_select(1, idx).view(shape).unbind(0)
+        return k, v
 
     def copy_pages(self, src: list[int], dst: list[int]) -> None:
         """Copy pages ``src[i] -> dst[i]`` in every layer, K and V and their scales

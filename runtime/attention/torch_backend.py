@@ -39,16 +39,16 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     additive (0 / -inf for padding) or None. Scores and softmax in float32. Returns
     out [b, Hkv, G, D] and, when ``with_lse``, the log-sum-exp [b, Hkv, G] (for cascade merging).
     """
-    b, H, G, D = q.shape
-    L = k.shape[1]
-    kt = k.permute(0, 2, 3, 1).reshape(b * H, D, L)                       # [bH, D, L]
-    s = torch.bmm(q.reshape(b * H, G, D), kt).view(b, H, G, L).float().mul_(scale)
+    s = torch.matmul(q, k.permute(0, 2, 3, 1))                         # [b, H, G, L]
+    s = s.float().mul_(scale) if s.dtype != torch.float32 else s.mul_(scale)
     if bias is not None:
         s.add_(bias)
-    p = torch.softmax(s, dim=-1).to(v.dtype)                             # [b, H, G, L]
-    out = torch.bmm(p.view(b * H, G, L), v.permute(0, 2, 1, 3).reshape(b * H, L, D))
+    p = torch.softmax(s, dim=-1)
+    if p.dtype != v.dtype:
+        p = p.to(v.dtype)
+    out = torch.matmul(p, v.transpose(1, 2))                             # [b, H, G, D]
     lse = torch.logsumexp(s, dim=-1) if with_lse else None
-    return out.view(b, H, G, D), lse
+    return out, lse
 
 
 class TorchAttentionBackend:
@@ -108,8 +108,12 @@ class TorchAttentionBackend:
         cascade = bool(plan.groups)
 
         def kv(pages: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-            k = pool.gather(layer, 0, pages).flatten(-4, -3)[..., :length, :, :].to(q.dtype)
-            v = pool.gather(layer, 1, pages).flatten(-4, -3)[..., :length, :, :].to(q.dtype)
+            k, v = pool.gather_kv(layer, pages)                          # [..., n, S, Hkv, D]
+            k, v = k.flatten(-4, -3), v.flatten(-4, -3)                  # [..., n*S, Hkv, D]
+            if k.shape[-3] != length:
+                k, v = k[..., :length, :, :], v[..., :length, :, :]
+            if k.dtype != q.dtype:
+                k, v = k.to(q.dtype), v.to(q.dtype)
             return k, v                                                  # [..., L, Hkv, D]
 
         if len(plan.buckets) == 1 and plan.buckets[0].rows is None and not cascade:

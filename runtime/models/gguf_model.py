@@ -20,7 +20,7 @@ from runtime.gguf_weights import LinearBuilder
 from runtime.models.config import LlamaConfig
 from runtime.models.llama import LlamaModel
 from runtime.models.rope import RotaryEmbedding
-from runtime.quant_linear import QuantEmbedding, QuantLinear
+from runtime.quant_linear import COMPUTE_DTYPE, QuantEmbedding, QuantLinear
 
 
 def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype = torch.float32,
@@ -48,11 +48,15 @@ def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype 
         mlp.down_proj = b.linear([p + "ffn_down.weight"])
         layer.input_layernorm.weight = _param(b.vector(p + "attn_norm.weight"))
         layer.post_attention_layernorm.weight = _param(b.vector(p + "ffn_norm.weight"))
+        if all(isinstance(m, QuantLinear) for m in (attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj)):
+            layer.set_matmul_dtype(COMPUTE_DTYPE)
         release_freed_memory()
     model.norm.weight = _param(b.vector("output_norm.weight"))
     embed = b.linear(["token_embd.weight"])
     model.lm_head = embed if cfg.tie_word_embeddings else b.linear(["output.weight"])
     model.embed_tokens = _embedding(embed, dtype)
+    if isinstance(model.lm_head, QuantLinear):
+        model.norm.out_dtype = COMPUTE_DTYPE
     release_freed_memory()
     factors = b.vector("rope_freqs.weight")     # llama3-style scaling, as per-frequency divisors
     scaling = cfg.rope_scaling if factors is None else {"rope_type": "factors",

@@ -23,15 +23,25 @@ from runtime.models.rope import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
+    """HF's ``weight * (x * rsqrt(mean(x^2) + eps))`` with the statistics in float32, bitwise.
+
+    ``out_dtype`` (None: the input's) is the dtype of the result: a model whose next matmul
+    runs in another dtype (bf16 quantized kernels) gets its input in that dtype from here,
+    instead of converting inside every linear."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.out_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # HF's float32 x * rsqrt(mean(x^2) + eps) (bitwise the same), as one op
+        if x.dtype == self.weight.dtype == torch.float32:
+            h = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)      # one op, bitwise HF's
+            return h if self.out_dtype in (None, h.dtype) else h.to(self.out_dtype)
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * h.to(x.dtype)
+        h = self.weight * h.to(x.dtype)
+        return h if self.out_dtype in (None, h.dtype) else h.to(self.out_dtype)
 
 
 class Attention(nn.Module):
@@ -78,6 +88,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def set_matmul_dtype(self, dtype: torch.dtype) -> None:
+        """Feed this layer's linears ``dtype`` inputs (the dtype their kernels compute in): the
+        norms produce it and the MLP's activation runs in it; residuals keep the model dtype."""
+        self.input_layernorm.out_dtype = self.post_attention_layernorm.out_dtype = dtype
 
     def forward(self, x, batch, rope, pool, backend):
         x = x + self.self_attn(self.input_layernorm(x), batch, rope, pool, backend)
