@@ -126,6 +126,14 @@ class PriorityPolicy:
             return None
         return top
 
+    def outranking(self, waiting: Iterable[Prioritized], in_flight: Iterable[Prioritized]
+                   ) -> list[Prioritized]:
+        """The waiting requests a break between the layers of a step in flight serves: those
+        whose rank is above the lowest effective priority in that step (none if it is empty
+        or all equal)."""
+        floor = min((self.effective(r) for r in in_flight), default=None)
+        return [] if floor is None else [r for r in waiting if self.rank(r.priority) > floor]
+
     def make_room(self, waiting: Iterable[Prioritized], running: list[Prioritized],
                   slots: int, free_pages: int, room: "RoomCosts") -> int:
         """Preempt running requests for waiting ones that outrank them. Waiting requests are
