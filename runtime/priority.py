@@ -43,6 +43,10 @@ short as on an idle server, the request is not held behind lower-priority prefil
 earlier admissions, and a running lower-priority request still progresses (oldest first);
 aging lifts a waiting one to ``top`` as above. With equal priorities no step is urgent:
 scheduling is exactly as without priorities.
+
+Breaks between layers (``runtime.layer_break``; the step in flight): a request arriving while
+a step runs is served between its layers if its rank is above the lowest effective priority
+in that step (:meth:`PriorityPolicy.outranking`); equal priorities never break a step.
 """
 
 from __future__ import annotations
