@@ -133,8 +133,8 @@ class PriorityPolicy:
     def outranking(self, waiting: Iterable[Prioritized], in_flight: Iterable[Prioritized]
                    ) -> list[Prioritized]:
         """The waiting requests a break between the layers of a step in flight serves: those
-        whose rank is above the lowest effective priority in that step (none if it is empty
-        or all equal)."""
+        whose rank is above the lowest effective priority in that step (none if the step is
+        empty)."""
         floor = min((self.effective(r) for r in in_flight), default=None)
         return [] if floor is None else [r for r in waiting if self.rank(r.priority) > floor]
 
