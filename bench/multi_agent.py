@@ -155,7 +155,9 @@ def run_mode(mode: str, args, prompts: list[list[int]], engine_kwargs: dict) -> 
                 "server_cpu_s": cpu1 - cpu0,
                 "background_tokens_per_cpu_s": bg_tokens / max(cpu1 - cpu0, 1e-9),
                 "preemptions": m1["agentlang_preemptions_total"] -
-                m0["agentlang_preemptions_total"], "per_agent": full,
+                m0["agentlang_preemptions_total"],
+                "layer_break_steps": m1["agentlang_layer_break_steps_total"] -
+                m0["agentlang_layer_break_steps_total"], "per_agent": full,
                 "load_average_1min": [round(load0, 2), round(load1, 2)]}
 
     try:
@@ -233,6 +235,7 @@ def main() -> None:
               f"{r['ttft_p99_s']:.3f} s ({r['turns']} turns, {r['censored_turns']} censored); "
               f"background "
               f"{r['background_tokens_per_s']:.1f} tok/s; {r['preemptions']:.0f} preemptions; "
+              f"{r['layer_break_steps']:.0f} layer breaks; "
               f"load {r['load_average_1min']}; "
               f"{r['background_tokens_per_cpu_s']:.2f} background tok per server CPU s",
               flush=True)

@@ -106,9 +106,9 @@ def multi_agent(d: dict, ax) -> str:
     bg = ""
     if {"off", "on"} <= set(runs) and "background_tokens_per_cpu_s" in runs["on"]:
         off, on = (runs[k]["background_tokens_per_cpu_s"] for k in ("off", "on"))
-        bg = f"; background tok per server CPU s: off {off:.0f}, on {on:.0f}"
+        bg = f"background tok per server CPU s: off {off:.0f}, on {on:.0f}\n"
     return (f"Interactive agent vs {d['settings']['background']} background requests, "
-            f"{step} tokens/step{bg}\n"
+            f"{step} tokens/step\n{bg}"
             f"(turns without a first token in {d['settings']['turn_timeout']:.0f} s: {censored})")
 
 

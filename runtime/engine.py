@@ -28,6 +28,7 @@ from runtime.engine_loop import StepLoop
 from runtime.engine_metrics import engine_metrics
 from runtime.errors import UNFIT_IN_KV_POOL, EngineError, ErrorCode
 from runtime.kv_pool import KVLayout, KVPool
+from runtime.layer_break import LayerBreaks
 from runtime.model_loader import resolve_model
 from runtime.model_runner import ModelRunner
 from runtime.models.loading import load_model
@@ -76,7 +77,8 @@ class Engine:
             SchedulerConfig(cfg.page_size, cfg.max_batch_tokens, cfg.max_running,
                             cfg.max_wait_steps,
                             low_priority_values_first=cfg.schedule_low_priority_values_first,
-                            max_lower_priority_tokens=cfg.max_lower_priority_tokens),
+                            max_lower_priority_tokens=cfg.max_lower_priority_tokens,
+                            urgent_slots=cfg.urgent_slots),
             self.allocator, self.cache, copy)
         graphs = make_decode_graphs(cfg.cuda_graph, self.model, self.pool, self.backend,
                                     self.allocator, cfg.max_running, mc.max_position_embeddings)
@@ -97,6 +99,8 @@ class Engine:
         self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
                                          self.tokenizer, self.eos_ids, self.max_context)
         self.step_loop = StepLoop(self.step, self._fail_all)
+        self.breaks = LayerBreaks(self.scheduler, self.processor, self.step_loop.take_arrivals,
+                                  self.runner.run)
         self.peak_pages_used = 0
 
     # ---- public API ---------------------------------------------------------------------
@@ -243,7 +247,7 @@ class Engine:
                 self.processor.finish(req, "length", error=UNFIT_IN_KV_POOL)
             if batch.items:
                 self.peak_pages_used = max(self.peak_pages_used, self.allocator.num_used)
-                logits = self.runner.run(batch.items)
+                logits = self.runner.run(batch.items, self.breaks.hook(batch.items))
                 self.processor.process(batch.items, logits)
             return self.scheduler.has_work or self.tracker.num_waiting_grammar > 0
 
@@ -282,7 +286,7 @@ class Engine:
         self.step_loop.run_until(done)
 
     def _submit(self, group: RequestGroup) -> None:
-        self.step_loop.post(lambda: self.processor.add(group))
+        self.step_loop.post(lambda: self.processor.add(group), arrival=True)
 
     def _make_groups(self, prompts, params, request_id: str | None = None,
                      single_only: bool = False) -> tuple[bool, list[RequestGroup]]:

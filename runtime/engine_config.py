@@ -29,6 +29,7 @@ class EngineConfig:
     max_wait_steps: int = 64              # aging: +1 effective priority per this many steps waited
     schedule_low_priority_values_first: bool = False   # priority direction (runtime.priority)
     max_lower_priority_tokens: int = 8    # lower-priority tokens in an urgent step (priority.py)
+    urgent_slots: int = 4                 # above max_running: admissions between layers (layer_break.py)
     max_agent_labels: int = 32            # per-agent accounting series before "other"
     attention_backend: str = "auto"
     grammar_backend: str = "xgrammar"
@@ -51,6 +52,9 @@ class EngineConfig:
         if not isinstance(self.schedule_low_priority_values_first, bool):
             raise ValueError(f"schedule_low_priority_values_first must be a boolean, got "
                              f"{self.schedule_low_priority_values_first!r}")
+        if not isinstance(self.urgent_slots, int) or isinstance(self.urgent_slots, bool) or \
+                self.urgent_slots < 0:
+            raise ValueError(f"urgent_slots must be an integer >= 0, got {self.urgent_slots!r}")
         if not isinstance(self.max_agent_labels, int) or self.max_agent_labels < 0:
             raise ValueError(f"max_agent_labels must be an integer >= 0, got "
                              f"{self.max_agent_labels!r}")

@@ -1,7 +1,10 @@
 """The thread discipline of the engine: one stepping thread touches engine state.
 
 Callers on any thread :meth:`StepLoop.post` changes (submissions, aborts, unpins) to an inbox
-that the step drains first, under :attr:`StepLoop.lock`. Until :meth:`StepLoop.start` the
+that the step drains first, under :attr:`StepLoop.lock`. Submissions (``arrival=True``: they
+only queue a request) may also be taken between the layers of a step in flight
+(:meth:`StepLoop.take_arrivals`, :mod:`runtime.layer_break`); every other change waits for
+the next step, after the arrivals posted before it. Until :meth:`StepLoop.start` the
 blocking caller steps the engine itself; afterwards a daemon thread does. The thread holds
 the engine's ``step`` only weakly between turns, so an engine nobody references any more is
 collected and its loop ends; at interpreter exit the loop stops cleanly (no thread is left
@@ -26,6 +29,7 @@ class StepLoop:
         self._on_error = weakref.WeakMethod(on_error)
         self.lock = threading.RLock()      # held for a whole step
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._arrivals: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -35,15 +39,27 @@ class StepLoop:
         """Whether the background thread steps the engine (else the caller must)."""
         return self._thread is not None
 
-    def post(self, change: Callable[[], None]) -> None:
-        """Queue ``change`` for the stepping thread (runs at the start of the next step)."""
-        self._inbox.put(change)
+    def post(self, change: Callable[[], None], arrival: bool = False) -> None:
+        """Queue ``change`` for the stepping thread (runs at the start of the next step, or
+        between layers of the step in flight if ``arrival``: it must only queue a request)."""
+        (self._arrivals if arrival else self._inbox).put(change)
         self._wake.set()
 
     def drain(self) -> None:
-        """Run the queued changes; call with :attr:`lock` held, at the start of a step."""
+        """Run the queued changes, arrivals first (a request's submission precedes anything
+        posted about it); call with :attr:`lock` held, at the start of a step."""
+        self.take_arrivals()
         while not self._inbox.empty():
             self._inbox.get()()
+
+    def take_arrivals(self) -> bool:
+        """Run the queued submissions only; whether there were any. Safe mid-step (on the
+        stepping thread): they add requests to the waiting queue and touch nothing running."""
+        took = False
+        while not self._arrivals.empty():
+            self._arrivals.get()()
+            took = True
+        return took
 
     def run_until(self, done: threading.Event) -> None:
         """Block until ``done`` is set, stepping the engine here if no thread does."""

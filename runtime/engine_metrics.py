@@ -36,6 +36,7 @@ def engine_metrics(engine: Engine) -> dict[str, float]:
         "pages_private": c["pages_private"],
         "pages_shared": c["pages_shared"],
         "preemptions": engine.scheduler.preemptions,
+        "layer_break_steps": engine.breaks.steps,
         "tokens_run": engine.runner.tokens_run,
         "forward_passes": engine.runner.forward_passes,
         "prompt_tokens": counters.prompt_tokens,

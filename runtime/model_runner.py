@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -38,12 +38,15 @@ class ModelRunner:
             device=self.pool.device,
         )
 
-    def run(self, items: Sequence[ScheduledItem]) -> torch.Tensor:
-        """Runs the step; returns logits ``[sum(len(it.logits_rows)), V]`` in item order."""
+    def run(self, items: Sequence[ScheduledItem],
+            between_layers: Callable[[], None] | None = None) -> torch.Tensor:
+        """Runs the step; returns logits ``[sum(len(it.logits_rows)), V]`` in item order.
+        ``between_layers`` runs after each layer but the last of an eager step (a CUDA-graph
+        replay has no breaks: its steps are short)."""
         batch = self.build_batch(items)
         logits = self.graphs.run(batch) if self.graphs is not None else None
         if logits is None:
-            logits = self.model(batch, self.pool, self.backend)
+            logits = self.model(batch, self.pool, self.backend, between_layers)
         self.tokens_run += batch.num_tokens
         self.forward_passes += 1
         return logits

@@ -43,6 +43,10 @@ short as on an idle server, the request is not held behind lower-priority prefil
 earlier admissions, and a running lower-priority request still progresses (oldest first);
 aging lifts a waiting one to ``top`` as above. With equal priorities no step is urgent:
 scheduling is exactly as without priorities.
+
+Breaks between layers (``runtime.layer_break``; the step in flight): a request arriving while
+a step runs is served between its layers if its rank is above the lowest effective priority
+in that step (:meth:`PriorityPolicy.outranking`); equal priorities never break a step.
 """
 
 from __future__ import annotations
@@ -125,6 +129,14 @@ class PriorityPolicy:
         if all(self.effective(r) >= top for r in chain(waiting, running)):
             return None
         return top
+
+    def outranking(self, waiting: Iterable[Prioritized], in_flight: Iterable[Prioritized]
+                   ) -> list[Prioritized]:
+        """The waiting requests a break between the layers of a step in flight serves: those
+        whose rank is above the lowest effective priority in that step (none if the step is
+        empty)."""
+        floor = min((self.effective(r) for r in in_flight), default=None)
+        return [] if floor is None else [r for r in waiting if self.rank(r.priority) > floor]
 
     def make_room(self, waiting: Iterable[Prioritized], running: list[Prioritized],
                   slots: int, free_pages: int, room: "RoomCosts") -> int:

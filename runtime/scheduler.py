@@ -14,16 +14,14 @@ Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_bat
 An *urgent* step (``PriorityPolicy.urgent_rank``: a request needing a prefill outranks some
 request present) does 1–2 first for the requests at or above that rank only, within the budget
 less ``min(max_lower_priority_tokens, max_batch_tokens // 2)``, then 1–2 for the rest within at
-most ``max_lower_priority_tokens`` tokens: a high-priority prefill neither waits behind
-lower-priority prefill chunks nor shares its step with a full lower-priority batch, and a
-running lower-priority request still progresses. With equal priorities no step is urgent.
+most ``max_lower_priority_tokens`` tokens. With equal priorities no step is urgent. Between
+the layers of a step in flight, arrivals that outrank part of it are admitted and served
+(:meth:`Scheduler.admit_between_layers`, ``runtime.layer_break``).
 
 Out of pages: evict from the radix cache, then preempt the running request of lowest effective
-priority, most recently admitted first (its computed KV goes into the cache, it is requeued and recomputed later). A request
-is never dropped; one that cannot fit even alone ends with ``finish_reason="length"``.
-
-Token ids reach the radix cache as ``TokenKey.trusted``: prompts were validated when the
-request was made and sampled ids come from the model, so the cache does not re-check them.
+priority, most recently admitted first (its computed KV goes into the cache, it is requeued and
+recomputed later). A request is never dropped; one that cannot fit even alone ends with
+``finish_reason="length"``. Token ids reach the cache as ``TokenKey.trusted`` (validated).
 """
 
 from __future__ import annotations
@@ -51,6 +49,7 @@ class SchedulerConfig:
     min_shared_prefix: int = 32   # tokens of in-flight overlap that make a request wait a step
     low_priority_values_first: bool = False
     max_lower_priority_tokens: int = 8   # lower-priority tokens in an urgent step
+    urgent_slots: int = 4   # running above max_running: admissions between layers of a step
 
 
 class ScheduledItem(NamedTuple):
@@ -240,9 +239,22 @@ class Scheduler:
         # Preemption may have removed requests scheduled earlier in this loop.
         items[:] = [it for it in items if it.req in self.running]
 
+    def admit_between_layers(self, in_flight: list[Request]) -> list[ScheduledItem]:
+        """A step run between the layers of the step of ``in_flight``: admits the waiting
+        requests that outrank some of them (``PriorityPolicy.outranking``) within the budget,
+        up to ``max_running + urgent_slots`` running; pages come from the free list or the
+        cache, never from preemption (the step in flight writes its requests' pages)."""
+        chosen = set(map(id, self.policy.outranking(self.waiting, in_flight)))
+        items: list[ScheduledItem] = []
+        self._admit(items, self.cfg.max_batch_tokens if chosen else 0,
+                    lambda r: id(r) in chosen, self.cfg.max_running + self.cfg.urgent_slots)
+        return items
+
     def _admit(self, items: list[ScheduledItem], budget: int,
-               select: Callable[[Request], bool]) -> None:
-        """Admit selected waiting requests (``admission_key`` order) within ``budget``."""
+               select: Callable[[Request], bool], cap: int | None = None) -> None:
+        """Admit selected waiting requests (``admission_key`` order) within ``budget``, while
+        fewer than ``cap`` (default ``max_running``) run."""
+        cap = self.cfg.max_running if cap is None else cap
         if not self.waiting or budget <= 0:
             return
         ps = self.cfg.page_size
@@ -255,7 +267,7 @@ class Scheduler:
         inflight = [it.req for it in items if not it.completes] + \
                    [r for r in self.running if r.num_uncomputed > 1]
         for _, req, m in keyed:
-            if budget <= 0 or len(self.running) >= self.cfg.max_running:
+            if budget <= 0 or len(self.running) >= cap:
                 break
             if not m.node.alive:    # an earlier admission evicted it: the match is stale
                 m = self.cache.match_prefix(TokenKey.trusted(req.all_ids), req.group.namespace,

@@ -8,6 +8,7 @@ import torch
 
 from runtime.agent_stats import AgentStats
 from runtime.errors import UNFIT_IN_KV_POOL
+from runtime.layer_break import LayerBreaks
 from runtime.output_processor import OutputProcessor
 from runtime.page_allocator import PageAllocator
 from runtime.radix_cache import RadixCache
@@ -58,14 +59,17 @@ class FakeRunner:
     def __init__(self) -> None:
         self.steps: list[list[ScheduledItem]] = []
 
-    def run(self, items: list[ScheduledItem]) -> torch.Tensor:
+    def run(self, items: list[ScheduledItem], between_layers=None) -> torch.Tensor:
+        """Logits of ``items``; ``between_layers`` (if given) runs once, as after layer 0."""
+        self.steps.append(list(items))
+        if between_layers is not None:
+            between_layers()
         targets = []
         for it in items:
             ids = it.req.all_ids + it.req.draft
             targets += [next_token(ids[it.start + r]) for r in it.logits_rows]
         logits = torch.full((len(targets), VOCAB), -10.0)   # [rows, V]
         logits[torch.arange(len(targets)), torch.tensor(targets, dtype=torch.long)] = 10.0
-        self.steps.append(list(items))
         return logits
 
 
@@ -77,13 +81,14 @@ class StepHarness:
     def __init__(self, page_size: int = 4, num_pages: int = 256, max_batch_tokens: int = 256,
                  max_running: int = 16, max_wait_steps: int = 64, min_shared_prefix: int = 32,
                  max_context: int = 4096, low_priority_values_first: bool = False,
-                 max_agent_labels: int = 32, max_lower_priority_tokens: int = 8):
+                 max_agent_labels: int = 32, max_lower_priority_tokens: int = 8,
+                 urgent_slots: int = 4):
         self.allocator = PageAllocator(num_pages)
         self.cache = RadixCache(self.allocator, page_size)
         self.scheduler = Scheduler(
             SchedulerConfig(page_size, max_batch_tokens, max_running, max_wait_steps,
                             min_shared_prefix, low_priority_values_first,
-                            max_lower_priority_tokens),
+                            max_lower_priority_tokens, urgent_slots),
             self.allocator, self.cache, lambda src, dst: None)
         self.agent_stats = AgentStats(max_agent_labels)
         self.tracker = RequestTracker(self.agent_stats)
@@ -94,6 +99,9 @@ class StepHarness:
         self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
                                          self.tokenizer, {EOS}, max_context)
         self.runner = FakeRunner()
+        self.arrivals: list[RequestGroup] = []     # submitted while a step is in flight
+        self.breaks = LayerBreaks(self.scheduler, self.processor, self._take_arrivals,
+                                  self.runner.run)
         self.num_steps = 0
 
     def submit(self, ids: list[int], **params) -> RequestGroup:
@@ -101,6 +109,19 @@ class StepHarness:
         group = self.builder.group(list(ids), greedy(**params))
         self.processor.add(group)
         return group
+
+    def submit_mid_step(self, ids: list[int], **params) -> RequestGroup:
+        """A group that arrives while the next step's forward runs (taken between its layers,
+        or queued after the step if it runs none)."""
+        group = self.builder.group(list(ids), greedy(**params))
+        self.arrivals.append(group)
+        return group
+
+    def _take_arrivals(self) -> bool:
+        took, self.arrivals = self.arrivals, []
+        for g in took:
+            self.processor.add(g)
+        return bool(took)
 
     def step(self) -> bool:
         """The engine's step: schedule → run → process outputs."""
@@ -110,7 +131,9 @@ class StepHarness:
         for req in batch.unfit:
             self.processor.finish(req, "length", error=UNFIT_IN_KV_POOL)
         if batch.items:
-            self.processor.process(batch.items, self.runner.run(batch.items))
+            logits = self.runner.run(batch.items, self.breaks.hook(batch.items))
+            self.processor.process(batch.items, logits)
+        self._take_arrivals()          # those no forward took: queued for the next step
         return self.scheduler.has_work or self.tracker.num_waiting_grammar > 0
 
     def run(self, max_steps: int = 1000) -> None:

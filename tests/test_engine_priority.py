@@ -20,7 +20,9 @@ def greedy(n: int = N_NEW, **kw) -> SamplingParams:
 
 
 def test_priority_preemption_keeps_outputs_and_pages(model_path, oracle, prompt_ids):
-    eng = Engine(model_path, page_size=16, kv_budget_mb=64, max_running=2, max_agent_labels=4)
+    # urgent_slots=0: the batch is full, so the high arrival must preempt (not run above it)
+    eng = Engine(model_path, page_size=16, kv_budget_mb=64, max_running=2, max_agent_labels=4,
+                 urgent_slots=0)
     eng.start_background_loop()
     try:
         lows, hi_prompt = prompt_ids[:2], prompt_ids[2]
@@ -53,6 +55,42 @@ def test_priority_preemption_keeps_outputs_and_pages(model_path, oracle, prompt_
             "requests": 1, "prompt_tokens": len(hi_prompt), "generated_tokens": 8,
             "cached_tokens": hi.meta["cached_tokens"], "queue_s": pytest.approx(
                 hi.meta["queue_s"])}
+    finally:
+        eng.shutdown()
+    eng.flush_cache()
+    assert eng.allocator.num_free == eng.allocator.num_pages
+    eng.cache.check_integrity()
+
+
+def test_high_arrivals_between_layers_keep_outputs_and_pages(model_path, oracle, prompt_ids):
+    """High requests submitted while two low ones decode are served between the layers of
+    the step in flight (above max_running, no preemption): every output is the oracle's."""
+    eng = Engine(model_path, page_size=16, kv_budget_mb=64, max_running=2)
+    eng.start_background_loop()
+    try:
+        lows, his = prompt_ids[:2], prompt_ids[2:7]
+        outs: list = []
+        worker = threading.Thread(target=lambda: outs.extend(
+            eng.generate(lows, greedy(priority=0))))
+        worker.start()
+        deadline = time.monotonic() + 120
+        while eng.metrics()["generated_tokens"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        served = []
+        for p in his:            # a submission lands mid-forward almost always: a few suffice
+            if eng.metrics()["layer_break_steps"] >= 2 or not worker.is_alive():
+                break
+            time.sleep(0.02)     # metrics() held the step lock: let the next step start
+            served.append((p, eng.generate(p, greedy(4, priority=3))))
+        worker.join(300)
+        assert eng.metrics()["layer_break_steps"] >= 1
+        assert eng.metrics()["preemptions"] == 0
+        for p, o in served:
+            oracle.assert_same(p, o.outputs[0].token_ids,
+                               list(oracle.continuation(tuple(p), 4)), "served between layers")
+        for p, o in zip(lows, outs):
+            oracle.assert_same(p, o.outputs[0].token_ids,
+                               list(oracle.continuation(tuple(p), N_NEW)), "paused low")
     finally:
         eng.shutdown()
     eng.flush_cache()

@@ -7,6 +7,7 @@ and attends through page tables via the attention backend. There is no per-reque
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -128,11 +129,17 @@ class LlamaModel(nn.Module):
                                     cfg.rope_scaling)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend,
+                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
+        """``between_layers`` (if given) runs after every layer but the last; it may run other
+        batches on ``pool`` as long as they write no page this batch uses."""
         x = self.embed_tokens(batch.input_ids)                  # [T, hidden]
         rope = self.rope.cos_sin(batch.positions, x.dtype)      # shared by all layers
-        for layer in self.layers:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
             x = layer(x, batch, rope, pool, backend)
+            if between_layers is not None and i < last:
+                between_layers()
         x = self.norm(x[batch.logits_indices])                  # [N, hidden]
         return self.lm_head(x).float()                          # [N, V]
 

@@ -22,7 +22,7 @@ import uvicorn
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ENGINE_FLAGS = ("page_size", "kv_budget_mb", "max_batch_tokens", "max_running",
                 "grammar_backend", "dtype", "kv_dtype", "schedule_low_priority_values_first",
-                "max_wait_steps", "max_lower_priority_tokens", "weights")
+                "max_wait_steps", "max_lower_priority_tokens", "urgent_slots", "weights")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -52,6 +52,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-lower-priority-tokens", type=int, default=None,
                    help="while a higher-priority prefill is scheduled, lower-priority requests "
                         "get at most this many tokens of the step (default 8)")
+    p.add_argument("--urgent-slots", type=int, default=None,
+                   help="higher-priority arrivals admitted between the layers of a step in "
+                        "flight may run this many above --max-running (default 4; 0: only "
+                        "into free slots)")
     p.add_argument("--weights", choices=("auto", "dense"), default=None,
                    help="dense (default): decoded to --dtype; auto: a GGUF's Q4_0/Q4_1/Q8_0 "
                         "tensors stay quantized (CPU int4/int8 matmuls in bf16)")

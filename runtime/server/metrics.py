@@ -42,6 +42,8 @@ COUNTERS = (
     ("prefix_cache_hit_tokens", "prefix_cache_hit_tokens",
      "Prompt tokens found in the prefix cache."),
     ("preemptions", "preemptions", "Running requests preempted for lack of KV pages."),
+    ("layer_break_steps", "layer_break_steps",
+     "Steps run between the layers of a step in flight for higher-priority arrivals."),
     ("cow_copies", "cow_copies", "Copy-on-write page copies."),
     ("kv_evicted_pages", "evictions", "Prefix-cache pages evicted under memory pressure."),
     ("prompt_tokens", "prompt_tokens", "Prompt tokens submitted."),
