@@ -242,12 +242,12 @@ class Scheduler:
     def admit_between_layers(self, in_flight: list[Request]) -> list[ScheduledItem]:
         """A step run between the layers of the step of ``in_flight``: admits the waiting
         requests that outrank some of them (``PriorityPolicy.outranking``) within the budget,
-        up to ``max_running + urgent_slots`` running; pages come from the free list or the
-        cache, never from preemption (the step in flight writes its requests' pages)."""
+        up to ``max_running + urgent_slots`` running; never preempts (pages: free or cache)."""
         chosen = set(map(id, self.policy.outranking(self.waiting, in_flight)))
         items: list[ScheduledItem] = []
-        self._admit(items, self.cfg.max_batch_tokens if chosen else 0,
-                    lambda r: id(r) in chosen, self.cfg.max_running + self.cfg.urgent_slots)
+        if chosen:
+            self._admit(items, self.cfg.max_batch_tokens, lambda r: id(r) in chosen,
+                        self.cfg.max_running + self.cfg.urgent_slots)
         return items
 
     def _admit(self, items: list[ScheduledItem], budget: int,
