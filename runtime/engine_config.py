@@ -29,7 +29,7 @@ class EngineConfig:
     max_wait_steps: int = 64              # aging: +1 effective priority per this many steps waited
     schedule_low_priority_values_first: bool = False   # priority direction (runtime.priority)
     max_lower_priority_tokens: int = 8    # lower-priority tokens in an urgent step (priority.py)
-    urgent_slots: int = 4                 # above max_running: admissions between layers (layer_break.py)
+    urgent_slots: int = 4                 # above max_running: requests outranking a running one
     max_agent_labels: int = 32            # per-agent accounting series before "other"
     attention_backend: str = "auto"
     grammar_backend: str = "xgrammar"

@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from runtime.output_processor import OutputProcessor
-from runtime.scheduler import ScheduledItem, Scheduler
+from runtime.scheduled import ScheduledItem
+from runtime.scheduler import Scheduler
 
 
 class LayerBreaks:

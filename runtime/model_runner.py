@@ -11,7 +11,7 @@ from runtime.cuda_graph import DecodeGraphs
 from runtime.forward_batch import ForwardBatch, build_forward_batch
 from runtime.kv_pool import KVPool
 from runtime.models.llama import LlamaModel
-from runtime.scheduler import ScheduledItem
+from runtime.scheduled import ScheduledItem
 
 
 class ModelRunner:

@@ -21,7 +21,8 @@ from runtime.request import Request, RequestGroup
 from runtime.request_builder import RequestBuilder
 from runtime.request_tracker import RequestTracker
 from runtime.constrained_step import ConstrainedStep, Sampled, StepJob
-from runtime.scheduler import ScheduledItem, Scheduler
+from runtime.scheduled import ScheduledItem
+from runtime.scheduler import Scheduler
 
 
 class OutputProcessor:

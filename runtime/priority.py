@@ -23,8 +23,10 @@ rank while it runs. Consequences:
   on none of them is admitted before it or preempts it once it runs. Pick small priority gaps (e.g. 0 and
   10) when low priorities must make progress under sustained high-priority load.
 
-Preemption: a waiting request may take the slot and pages of running requests whose effective
-priority is strictly below its own (un-aged) rank; the victim is the lowest effective
+Preemption: a waiting request whose rank is above the effective priority of some running
+request first takes a free slot or one of the scheduler's ``urgent_slots`` above
+``max_running``; with none left (or pages short) it may take the slot and pages of running
+requests whose effective priority is strictly below its own (un-aged) rank; the victim is the lowest effective
 priority, newest admission first (its KV goes into the radix cache and it is recomputed later,
 mostly from there). Aging protects running requests but never makes a waiting one preempt:
 with equal priorities nothing is preempted for ordering, as before, and an aged request that

@@ -6,10 +6,11 @@ Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_bat
    token, an unfinished (chunked) prefill takes what budget is left;
 2. waiting requests by effective priority (``runtime.priority``: priority plus one per
    ``max_wait_steps`` steps waited — the aging rule that bounds starvation), then longest
-   cached prefix first (cache-aware), up to ``max_running``. Before that, a waiting request
-   that finds no free slot or pages preempts running ones of lower effective priority.
-   A waiting request whose not-yet-cached prompt overlaps a prefill in flight waits one more
-   step, so a shared prefix is computed once and then matched from the cache.
+   cached prefix first (cache-aware), up to ``max_running``; one that outranks a running
+   request may also take one of ``urgent_slots`` slots above it, and only when those or the
+   pages are taken does it preempt running ones of lower effective priority. A waiting
+   request whose not-yet-cached prompt overlaps a prefill in flight waits a step (a shared
+   prefix is computed once, then matched from the cache).
 
 An *urgent* step (``PriorityPolicy.urgent_rank``: a request needing a prefill outranks some
 request present) does 1–2 first for the requests at or above that rank only, within the budget
@@ -31,13 +32,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from runtime.page_allocator import OutOfPagesError, PageAllocator
 from runtime.page_table import PageTable, PageTableStats
 from runtime.priority import PriorityPolicy
 from runtime.radix_cache import RadixCache, TokenKey
 from runtime.request import Request, RequestRow
+from runtime.scheduled import Schedule, ScheduledItem, tokens_of
 
 
 @dataclass(frozen=True)
@@ -49,27 +50,7 @@ class SchedulerConfig:
     min_shared_prefix: int = 32   # tokens of in-flight overlap that make a request wait a step
     low_priority_values_first: bool = False
     max_lower_priority_tokens: int = 8   # lower-priority tokens in an urgent step
-    urgent_slots: int = 4   # running above max_running: admissions between layers of a step
-
-
-class ScheduledItem(NamedTuple):
-    req: Request
-    start: int            # num_computed before this step
-    tokens: list[int]     # tokens run now (all_ids[start : start + len(tokens)])
-    logits_rows: list[int]  # offsets within ``tokens`` whose logits are needed
-
-    @property
-    def completes(self) -> bool:
-        """The chunk reaches the end of the request's tokens (a sample follows)."""
-        return self.start + len(self.tokens) == self.req.num_tokens + len(self.req.draft)
-
-
-class Schedule(NamedTuple):
-    """One step's work: ``items`` to run, and ``unfit`` requests that cannot fit in the KV
-    pool even alone — taken out of the queues, holding nothing; the caller finishes them."""
-
-    items: list[ScheduledItem]
-    unfit: list[Request]
+    urgent_slots: int = 4   # running above max_running for requests that outrank a running one
 
 
 class Scheduler:
@@ -85,6 +66,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        self._urgent_cap = cfg.max_running + cfg.urgent_slots   # for outranking admissions
         self._admit_counter = 0
         self.on_preempt = on_preempt
 
@@ -193,9 +175,9 @@ class Scheduler:
 
     # ---- the step ----------------------------------------------------------------------
     def schedule(self) -> Schedule:
-        if self.waiting and self.running:
-            self.policy.make_room(self.waiting, self.running,
-                                  self.cfg.max_running - len(self.running),
+        over = self.policy.outranking(self.waiting, self.running)
+        if over:     # only these can preempt; they may first take the urgent slots
+            self.policy.make_room(over, self.running, self._urgent_cap - len(self.running),
                                   self.allocator.num_free + self.cache.evictable_pages, self)
         top = self.policy.urgent_rank(self.waiting, self.running)
         first = (lambda r: True) if top is None else (lambda r: self.policy.effective(r) >= top)
@@ -208,12 +190,15 @@ class Scheduler:
         self._run_running(items, unfit, first, limit)
         for r in self.waiting:
             r.wait_steps += 1
-        self._admit(items, limit - _tokens(items), first)
+        outrank = set(map(id, over))
+        self._admit(items, limit - tokens_of(items), lambda r: first(r) and id(r) in outrank,
+                    self._urgent_cap)
+        self._admit(items, limit - tokens_of(items), first)
         if top is not None:      # an urgent step: the rest get a small budget
-            limit = min(self.cfg.max_batch_tokens, _tokens(items) + low)
+            limit = min(self.cfg.max_batch_tokens, tokens_of(items) + low)
             rest = lambda r: not first(r)                      # noqa: E731
             self._run_running(items, unfit, rest, limit)
-            self._admit(items, limit - _tokens(items), rest)
+            self._admit(items, limit - tokens_of(items), rest)
         return Schedule(items, unfit)
 
     def _run_running(self, items: list[ScheduledItem], unfit: list[Request],
@@ -221,7 +206,7 @@ class Scheduler:
         """Append the uncomputed work of the selected running requests (oldest admission
         first) while ``items`` hold fewer than ``limit`` tokens. Reserving pages may preempt;
         preempted requests' items are dropped, ``unfit`` gets those that cannot fit alone."""
-        budget = limit - _tokens(items)
+        budget = limit - tokens_of(items)
         for req in sorted((r for r in self.running if select(r)), key=lambda r: r.admit_seq):
             if req not in self.running or req.num_uncomputed == 0 or budget <= 0:
                 continue
@@ -247,8 +232,9 @@ class Scheduler:
         items: list[ScheduledItem] = []
         if chosen:
             self._admit(items, self.cfg.max_batch_tokens, lambda r: id(r) in chosen,
-                        self.cfg.max_running + self.cfg.urgent_slots)
+                        self._urgent_cap)
         return items
+
 
     def _admit(self, items: list[ScheduledItem], budget: int,
                select: Callable[[Request], bool], cap: int | None = None) -> None:
@@ -325,6 +311,3 @@ class Scheduler:
             rows += [r for r in range(n - 1 - len(req.draft), n) if not rows or r > rows[-1]]
         return ScheduledItem(req, start, ids[start:start + n], rows)
 
-
-def _tokens(items: list[ScheduledItem]) -> int:
-    return sum(len(it.tokens) for it in items)

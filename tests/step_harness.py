@@ -16,7 +16,8 @@ from runtime.request import RequestGroup
 from runtime.request_builder import LazyGrammarCache, RequestBuilder
 from runtime.request_tracker import RequestTracker
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import ScheduledItem, Scheduler, SchedulerConfig
+from runtime.scheduled import ScheduledItem
+from runtime.scheduler import Scheduler, SchedulerConfig
 
 VOCAB = 64
 EOS = VOCAB - 1

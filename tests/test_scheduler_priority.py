@@ -39,7 +39,7 @@ def test_low_values_first_direction():
 
 
 def test_higher_arrival_preempts_the_lowest_running_for_a_slot():
-    h = StepHarness(page_size=PS, max_running=2)
+    h = StepHarness(page_size=PS, max_running=2, urgent_slots=0)
     bg = [h.submit(prompt(i), max_tokens=30, ignore_eos=True, priority=p)
           for i, p in enumerate([0, 1])]
     for _ in range(3):
@@ -54,6 +54,34 @@ def test_higher_arrival_preempts_the_lowest_running_for_a_slot():
     h.run()
     assert hi.finish_time < bg[0].finish_time
     for g, n in ((bg[0], 30), (bg[1], 30), (hi, 3)):    # greedy outputs unchanged
+        assert g.children[0].output_ids == expected_tokens(g.prompt_ids, n)
+    h.assert_no_leak()
+
+
+def test_higher_arrivals_take_urgent_slots_before_preempting():
+    """Between steps as between layers: an arrival that outranks a running request runs in
+    one of ``urgent_slots`` slots above ``max_running``; the next one, with those taken,
+    preempts the lowest. An arrival outranking no running request never uses them."""
+    h = StepHarness(page_size=PS, max_running=2, urgent_slots=1)
+    bg = [h.submit(prompt(i), max_tokens=30, ignore_eos=True, priority=p)
+          for i, p in enumerate([0, 1])]
+    for _ in range(3):
+        h.step()
+    low, mid = (g.children[0] for g in bg)
+    same = h.submit(prompt(7), max_tokens=3, ignore_eos=True, priority=0)
+    h.step()
+    assert same.admit_time is None and len(h.scheduler.running) == 2
+    hi = h.submit(prompt(8), max_tokens=20, ignore_eos=True, priority=5)
+    h.step()
+    assert hi.children[0] in h.scheduler.running and len(h.scheduler.running) == 3
+    assert h.scheduler.preemptions == 0
+    hi2 = h.submit(prompt(9), max_tokens=3, ignore_eos=True, priority=5)
+    h.step()
+    assert hi2.children[0] in h.scheduler.running and len(h.scheduler.running) == 3
+    assert low.preemptions == 1 and mid.preemptions == 0 and h.scheduler.preemptions == 1
+    assert same.admit_time is None                    # the batch is still over max_running
+    h.run()
+    for g, n in ((bg[0], 30), (bg[1], 30), (same, 3), (hi, 20), (hi2, 3)):
         assert g.children[0].output_ids == expected_tokens(g.prompt_ids, n)
     h.assert_no_leak()
 

@@ -53,9 +53,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="while a higher-priority prefill is scheduled, lower-priority requests "
                         "get at most this many tokens of the step (default 8)")
     p.add_argument("--urgent-slots", type=int, default=None,
-                   help="higher-priority arrivals admitted between the layers of a step in "
-                        "flight may run this many above --max-running (default 4; 0: only "
-                        "into free slots)")
+                   help="requests that outrank a running one may run this many above "
+                        "--max-running before they preempt (default 4; 0: preempt as soon "
+                        "as the batch is full)")
     p.add_argument("--weights", choices=("auto", "dense"), default=None,
                    help="dense (default): decoded to --dtype; auto: a GGUF's Q4_0/Q4_1/Q8_0 "
                         "tensors stay quantized (CPU int4/int8 matmuls in bf16)")
