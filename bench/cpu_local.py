@@ -9,7 +9,8 @@ On the embedded SmolLM2-135M-Instruct Q4_1 GGUF (tensors kept quantized, ``weigh
   fp32 model's greedy continuation of 128 tokens, then every model is teacher-forced on
   prompt + continuation in one pass; at each of the 128 positions top-1 agreement with the fp32
   greedy token and KL(fp32 || model). Models: Q4_1 as shipped (int4), Q8_0 (the fp32 weights
-  re-quantized to a Q8_0 GGUF written here; int8 per row at run time), bf16 dense beside.
+  re-quantized to a Q8_0 GGUF written here), each with the native kernels and with torch's, bf16
+  dense beside; the Q8_0 models also against their own file decoded to fp32.
 * **Greedy invariance on the quantized path**: the same prompts alone, batched, and with
   chunked prefill (8-token chunks) — the share of identical greedy tokens.
 
@@ -124,23 +125,46 @@ def quality(gguf: Path, prompts: list[str], positions: int, workdir: Path) -> di
     seqs = [i + o.token_ids for i, o in zip(ids, outs)]
     q8 = workdir / "q8_0.gguf"
     write_q8_0(gguf, q8)
-    models = {"Q4_1 (int4)": lambda: load_gguf_model(gguf, "auto", torch.float32),
-              "Q8_0 (int8 per row)": lambda: load_gguf_model(q8, "auto", torch.float32),
+    models = {"Q4_1 (native blocks)": lambda: load_gguf_model(gguf, "auto", torch.float32),
+              "Q4_1 (torch int4 kernel)": lambda: load_gguf_model(gguf, "auto", torch.float32,
+                                                                  kernels="torch"),
+              "Q8_0 (native blocks)": lambda: load_gguf_model(q8, "auto", torch.float32),
+              "Q8_0 (torch int8 per row)": lambda: load_gguf_model(q8, "auto", torch.float32,
+                                                                   kernels="torch"),
+              "Q8_0 file decoded to fp32": lambda: load_gguf_model(q8, "dense", torch.float32),
               "bf16 dense": lambda: load_gguf_model(gguf, "dense", torch.bfloat16)}
     refs = [all_logits(ref, s, positions) for s in seqs]
+    q8_ref = load_gguf_model(q8, "dense", torch.float32)
+    # a runtime's own error: against its file decoded exactly (the Q8_0 file is itself a
+    # re-quantization of the fp32 model, which costs agreement before any kernel runs)
+    own = {"Q8_0": [all_logits(q8_ref, s, positions) for s in seqs]}
+    del q8_ref
     res = {}
     for name, make in models.items():
         m = make()
-        agree = kl = n = 0
-        for s, r in zip(seqs, refs):
-            lp = all_logits(m, s, positions)
-            target = torch.tensor(s[-positions:])
-            agree += int((lp.argmax(-1) == target).sum())
-            kl += float((r.exp() * (r - lp)).sum(-1).sum())
-            n += positions
-        res[name] = {"top1_agreement": agree / n, "mean_kl": kl / n}
-        print(f"  {name:22s} top-1 {agree / n:.4f}  KL {kl / n:.5f}", flush=True)
+        res[name] = agreement(m, seqs, refs, positions)
+        line = f"  {name:28s} top-1 {res[name]['top1_agreement']:.4f}  KL {res[name]['mean_kl']:.5f}"
+        if name.startswith("Q8_0 ("):
+            res[name]["vs_own_file"] = agreement(m, seqs, own["Q8_0"], positions, by_ref=True)
+            line += (f"  | vs the Q8_0 file in fp32: top-1 {res[name]['vs_own_file']['top1_agreement']:.4f}"
+                     f"  KL {res[name]['vs_own_file']['mean_kl']:.5f}")
+        print(line, flush=True)
     return res
+
+
+def agreement(model, seqs: list[list[int]], refs: list[torch.Tensor], positions: int,
+              by_ref: bool = False) -> dict:
+    """Top-1 agreement and mean KL(ref || model) over the last ``positions`` of each sequence.
+    The top-1 target is the sequence's own next token (the fp32 model's greedy choice), or
+    with ``by_ref`` the reference's argmax."""
+    agree = kl = n = 0
+    for s, r in zip(seqs, refs):
+        lp = all_logits(model, s, positions)
+        target = r.argmax(-1) if by_ref else torch.tensor(s[-positions:])
+        agree += int((lp.argmax(-1) == target).sum())
+        kl += float((r.exp() * (r - lp)).sum(-1).sum())
+        n += positions
+    return {"top1_agreement": agree / n, "mean_kl": kl / n}
 
 
 def invariance(gguf: Path, prompts: list[str], n_tokens: int) -> dict:

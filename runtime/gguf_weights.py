@@ -6,8 +6,10 @@ Block layouts (32 weights a block, little-endian), decoded with numpy views of t
 * Q4_1: ``d``, ``m`` fp16, 16 bytes of nibbles; weight j = nibble j * d + m.
 * Q8_0: ``d`` fp16, 32 int8; weight j = q_j * d.
 
-Q4_0/Q4_1 become int4 groupwise :class:`~runtime.quant_linear.QuantLinear` without
-re-quantization; Q8_0 becomes int8 per row (re-scaled: ``row scale = max|w| / 127``). Other
+Q4_0/Q4_1/Q8_0 stay as the file's blocks in a :class:`~runtime.block_linear.BlockLinear` (the
+native matmul) where :func:`runtime.native.qmatmul_library` runs; otherwise Q4_0/Q4_1 become
+int4 groupwise :class:`~runtime.quant_linear.QuantLinear` without re-quantization and Q8_0 int8
+per row (re-scaled: ``row scale = max|w| / 127``). Other
 types (F16/BF16/F32, Q5_*, K-quants) are decoded with the ``gguf`` package and kept dense in
 the compute dtype; the loader reports which. All decoding runs a bounded number of rows at a
 time, so no dense fp32 copy of a whole tensor (let alone the model) is made on the quantized
@@ -20,7 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from runtime.block_linear import BlockLinear
 from runtime.gguf_file import KEPT_QUANTIZED, GgufFile
+from runtime.native import qmatmul_library
 from runtime.quant_linear import QuantLinear
 
 CHUNK_ROWS = 4096
@@ -87,12 +91,15 @@ def _chunked(fn, raw: np.ndarray):
 class LinearBuilder:
     """Builds the model's linears from a :class:`GgufFile`: ``weights="auto"`` keeps Q4_0/Q4_1/Q8_0
     quantized, ``"dense"`` decodes everything to ``dtype``. ``report`` counts how each GGUF type
-    was treated (e.g. ``{"Q4_1": "int4", "Q6_K": "dense bfloat16"}``)."""
+    was treated (e.g. ``{"Q4_1": "native blocks", "Q6_K": "dense bfloat16"}``)."""
 
-    def __init__(self, gf: GgufFile, weights: str, dtype: torch.dtype):
+    def __init__(self, gf: GgufFile, weights: str, dtype: torch.dtype, kernels: str = "auto"):
         if weights not in ("auto", "dense"):
             raise ValueError(f"weights must be 'auto' or 'dense', got {weights!r}")
+        if kernels not in ("auto", "torch"):
+            raise ValueError(f"kernels must be 'auto' (native where it runs) or 'torch', got {kernels!r}")
         self.gf, self.quantize, self.dtype = gf, weights == "auto", dtype
+        self.native = qmatmul_library() if kernels == "auto" and self.quantize else None
         self.report: dict[str, str] = {}
 
     def vector(self, name: str) -> torch.Tensor | None:
@@ -111,6 +118,9 @@ class LinearBuilder:
             bias = torch.cat([self.vector(b) for b in biases])
         qtype = qtypes.pop() if len(qtypes) == 1 else None
         if self.quantize and qtype in KEPT_QUANTIZED:
+            if self.native is not None:
+                self.report[qtype] = "native blocks"
+                return BlockLinear.from_gguf(self.native, [(r, qtype) for r in raws], bias)
             if qtype == "Q8_0":
                 self.report[qtype] = "int8 per row"
                 q, s = zip(*(_chunked(decode_int8_rows, r) for r in raws))

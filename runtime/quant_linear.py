@@ -70,6 +70,8 @@ class QuantLinear(nn.Module):
     float dtype and returns ``[T, N]`` in that dtype.
     """
 
+    input_dtype = COMPUTE_DTYPE     # what the norms before it should hand over (no cast)
+
     def __init__(self, kind: str, in_features: int, out_features: int, weight: torch.Tensor,
                  scales: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
@@ -110,6 +112,12 @@ class QuantLinear(nn.Module):
         s = self.scales[:, :N].to(dtype).permute(1, 0, 2)                          # [N, K/32, 2]
         return ((q - 8) * s[..., :1] + s[..., 1:]).reshape(N, K)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the weight, dequantized: ``[T, K]``, float32 (int8: exact) or bf16."""
+        if self.kind == "int8":
+            return self.weight[ids].float() * self.scales[ids].float()[:, None]
+        return int4_rows(self, ids)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (dtype checks in Python: a no-op conversion still costs a dispatch, ~1 µs a call)
         xb = x if x.dtype == COMPUTE_DTYPE else x.to(COMPUTE_DTYPE)                # [T, K]
@@ -128,19 +136,17 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """Row lookup into a weight stored by a :class:`QuantLinear` (``[V, H]``: tied embeddings
-    share it with the LM head) — only the looked-up rows are ever dequantized."""
+    """Row lookup into a quantized weight ``[V, H]`` (a :class:`QuantLinear` or a
+    :class:`~runtime.block_linear.BlockLinear`, whose ``rows(ids)`` dequantizes rows; tied
+    embeddings share it with the LM head) — only the looked-up rows are ever dequantized."""
 
-    def __init__(self, table: QuantLinear, dtype: torch.dtype):
+    def __init__(self, table: nn.Module, dtype: torch.dtype):
         super().__init__()
         self.table = table
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        t = self.table
-        if t.kind == "int8":
-            return (t.weight[ids].to(self.dtype) * t.scales[ids].to(self.dtype)[:, None])  # [T, H]
-        return int4_rows(t, ids).to(self.dtype)
+        return self.table.rows(ids).to(self.dtype)                                 # [T, H]
 
 
 def int4_rows(t: QuantLinear, ids: torch.Tensor) -> torch.Tensor:

@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from runtime.attention.torch_backend import TorchAttentionBackend
+from runtime.block_linear import BlockLinear
 from runtime.forward_batch import build_forward_batch
 from runtime.gguf_file import GgufError
 from runtime.kv_pool import KVLayout, KVPool
 from runtime.model_loader import resolve_model
 from runtime.models.gguf_model import load_gguf_model
+from runtime.native import qmatmul_library
 from runtime.page_allocator import PageAllocator
 from runtime.quant_linear import QuantEmbedding, QuantLinear
 
@@ -145,16 +147,23 @@ def hf_logits(path, seq):
 SEQS = [[1, 50, 258, 82, 49, 14], list(range(100, 140)), [7, 8, 9]]
 
 
+def quant_class(kernels: str) -> type:
+    """The linear class ``weights="auto"`` builds for Q4_0/Q4_1/Q8_0 with ``kernels``."""
+    return BlockLinear if kernels == "auto" and qmatmul_library() is not None else QuantLinear
+
+
+@pytest.mark.parametrize("kernels", ["auto", "torch"])
 @pytest.mark.parametrize("qtype,arch,tied", [("Q4_1", "llama", True), ("Q4_0", "qwen2", False),
                                              ("Q8_0", "llama", False), ("Q5_0", "llama", True),
                                              ("Q5_1", "qwen2", True)])
-def test_matches_hf_gguf_loader(tmp_path, tokenizer_fields, qtype, arch, tied):
+def test_matches_hf_gguf_loader(tmp_path, tokenizer_fields, qtype, arch, tied, kernels):
     path = write_gguf(tmp_path / f"m.{qtype}.gguf", tokenizer_fields, qtype, arch, tied=tied)
     dense = load_gguf_model(path, "dense", torch.float32)
-    quant = load_gguf_model(path, "auto", torch.float32)
+    quant = load_gguf_model(path, "auto", torch.float32, kernels=kernels)
     kept = qtype in ("Q4_0", "Q4_1", "Q8_0")
-    assert isinstance(quant.lm_head, QuantLinear) == kept
-    assert isinstance(quant.layers[0].mlp.down_proj, QuantLinear) == kept
+    cls = quant_class(kernels)
+    assert isinstance(quant.lm_head, cls) == kept
+    assert isinstance(quant.layers[0].mlp.down_proj, cls) == kept
     assert isinstance(quant.embed_tokens, QuantEmbedding) == kept
     assert qtype in quant.weights_report
     d_out, q_out = prefill_logits(dense, SEQS), prefill_logits(quant, SEQS)
@@ -162,7 +171,8 @@ def test_matches_hf_gguf_loader(tmp_path, tokenizer_fields, qtype, arch, tied):
         ref = hf_logits(path, s)
         assert (d_out[i] - ref).abs().max().item() < 1e-3          # decoding + q/k order exact
         rel = ((q_out[i] - ref).norm() / ref.norm()).item()
-        assert rel < (0.03 if qtype == "Q8_0" else 0.02), rel      # bf16 matmuls (+Q8_0 re-scale)
+        # bf16 matmuls (+ Q8_0's re-scale to one scale a row) or 8-bit activations (native)
+        assert rel < (0.03 if qtype == "Q8_0" and cls is QuantLinear else 0.02), rel
 
 
 @pytest.mark.parametrize("qtype", ["Q6_K", "Q4_K"])
@@ -170,7 +180,8 @@ def test_k_quant_blocks_are_decoded_dense(tmp_path, tokenizer_fields, qtype):
     path = write_gguf(tmp_path / "k.gguf", tokenizer_fields, qtype, embed_type="Q8_0", dims=K_DIMS)
     model = load_gguf_model(path, "auto", torch.float32)
     assert model.weights_report[qtype] == "dense float32"
-    assert model.weights_report["Q8_0"] == "int8 per row"
+    assert model.weights_report["Q8_0"] == ("native blocks" if quant_class("auto") is BlockLinear
+                                            else "int8 per row")
     out = prefill_logits(model, SEQS[:1])[0]
     ref = hf_logits(path, SEQS[0])
     assert ((out - ref).norm() / ref.norm()).item() < 0.02

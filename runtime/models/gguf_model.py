@@ -20,20 +20,24 @@ from runtime.gguf_weights import LinearBuilder
 from runtime.models.config import LlamaConfig
 from runtime.models.llama import LlamaModel
 from runtime.models.rope import RotaryEmbedding
-from runtime.quant_linear import COMPUTE_DTYPE, QuantEmbedding, QuantLinear
+from runtime.native_decode import NativeDecoder
+from runtime.block_linear import BlockLinear
+from runtime.quant_linear import QuantEmbedding, QuantLinear
 
 
 def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu") -> LlamaModel:
+                    device: str | torch.device = "cpu", kernels: str = "auto") -> LlamaModel:
     """Load a Llama/Mistral/Qwen2 GGUF. ``weights="auto"`` keeps Q4_0/Q4_1/Q8_0 tensors
-    quantized (CPU only; matmuls in bf16, activations elsewhere in ``dtype``), ``"dense"``
-    decodes every tensor to ``dtype``. Raises :class:`~runtime.gguf_file.GgufError`."""
+    quantized (CPU only), ``"dense"`` decodes every tensor to ``dtype``. Quantized matmuls run
+    natively over the file's blocks where ``runtime.native`` runs (``kernels="auto"``), else
+    (or with ``kernels="torch"``) in torch's int4/int8 kernels with bf16 activations; other
+    activations stay in ``dtype``. Raises :class:`~runtime.gguf_file.GgufError`."""
     gf = open_gguf(path)
     device = torch.device(device)
     if weights == "auto" and device.type != "cpu":
         weights = "dense"             # the int4/int8 kernels used here are the CPU ones
     cfg = LlamaConfig.from_dict(gf.config_dict())
-    b = LinearBuilder(gf, weights, dtype)
+    b = LinearBuilder(gf, weights, dtype, kernels)
     with torch.device("meta"):
         model = LlamaModel(cfg)
     nh, nkv = cfg.num_heads, cfg.num_kv_heads
@@ -48,15 +52,16 @@ def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype 
         mlp.down_proj = b.linear([p + "ffn_down.weight"])
         layer.input_layernorm.weight = _param(b.vector(p + "attn_norm.weight"))
         layer.post_attention_layernorm.weight = _param(b.vector(p + "ffn_norm.weight"))
-        if all(isinstance(m, QuantLinear) for m in (attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj)):
-            layer.set_matmul_dtype(COMPUTE_DTYPE)
+        dtypes = {getattr(m, "input_dtype", None) for m in (attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj)}
+        if len(dtypes) == 1 and None not in dtypes:     # all quantized, one input dtype
+            layer.set_matmul_dtype(dtypes.pop())
         release_freed_memory()
     model.norm.weight = _param(b.vector("output_norm.weight"))
     embed = b.linear(["token_embd.weight"])
     model.lm_head = embed if cfg.tie_word_embeddings else b.linear(["output.weight"])
     model.embed_tokens = _embedding(embed, dtype)
-    if isinstance(model.lm_head, QuantLinear):
-        model.norm.out_dtype = COMPUTE_DTYPE
+    if isinstance(model.lm_head, (QuantLinear, BlockLinear)):
+        model.norm.out_dtype = model.lm_head.input_dtype
     release_freed_memory()
     factors = b.vector("rope_freqs.weight")     # llama3-style scaling, as per-frequency divisors
     scaling = cfg.rope_scaling if factors is None else {"rope_type": "factors",
@@ -65,7 +70,10 @@ def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype 
     logging.getLogger(__name__).info("loaded %s: %s", Path(path).name,
              ", ".join(f"{k} -> {v}" for k, v in sorted(b.report.items())))
     model.weights_report = dict(b.report)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if b.native is not None and NativeDecoder.eligible(model, dtype):
+        model.native_decoder = NativeDecoder(b.native, model)
+    return model
 
 
 def release_freed_memory() -> None:
@@ -84,7 +92,7 @@ def _param(t: torch.Tensor | None) -> nn.Parameter:
 
 
 def _embedding(table: nn.Module, dtype: torch.dtype) -> nn.Module:
-    if isinstance(table, QuantLinear):
+    if isinstance(table, (QuantLinear, BlockLinear)):
         return QuantEmbedding(table, dtype)
     emb = nn.Embedding(table.out_features, table.in_features, device="meta")
     emb.weight = table.weight

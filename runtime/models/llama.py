@@ -127,6 +127,7 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                     cfg.rope_scaling)
+        self.native_decoder = None    # runtime.native_decode.NativeDecoder, set by the GGUF loader
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend,
@@ -136,8 +137,11 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(batch.input_ids)                  # [T, hidden]
         rope = self.rope.cos_sin(batch.positions, x.dtype)      # shared by all layers
         last = len(self.layers) - 1
+        native = self.native_decoder
+        step = native.step(batch, rope) if native is not None and \
+            native.serves(batch, pool, backend) else None     # a decode step, layers in C
         for i, layer in enumerate(self.layers):
-            x = layer(x, batch, rope, pool, backend)
+            x = layer(x, batch, rope, pool, backend) if step is None else native.layer(i, x, step, pool)
             if between_layers is not None and i < last:
                 between_layers()
         x = self.norm(x[batch.logits_indices])                  # [N, hidden]

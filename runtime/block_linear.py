@@ -1,0 +1,119 @@
+"""Linear layers over GGUF blocks as stored in the file, run by the native matmul.
+
+Q4_0 / Q4_1 / Q8_0 weights keep their 32-weight blocks: the quant bytes (``qs``) and the fp16
+scale ``d`` (and Q4_1's fp16 min ``m``) of every block, exactly the file's values; the memory
+is the file's. ``forward`` calls :mod:`runtime.native` (activations quantized to 8 bits per
+32-value block, integer dot products per block, float32 accumulation — as llama.cpp does);
+each output row depends only on its own input row, so a token's logits are the same alone,
+batched, in a prefill chunk of any size or in a decode step. Where the native library cannot
+run, the loader uses :mod:`runtime.quant_linear` instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from runtime.native import KIND_Q4, KIND_Q8, QMatmulLibrary, QWeight
+
+QK = 32
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+def split_blocks(raw: np.ndarray, qtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """GGUF rows uint8 ``[N, nb * block_bytes]`` → (qs ``[N, K/2]`` uint8 (Q4) or ``[N, K]``
+    int8 (Q8), d float16 ``[N, nb]``, m float16 ``[N, nb]`` for Q4_1 else None)."""
+    b = np.ascontiguousarray(raw).reshape(raw.shape[0], -1, BLOCK_BYTES[qtype])
+    n = b.shape[0]
+
+    def half(at: int) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(b[..., at:at + 2]).view(np.float16)[..., 0])
+
+    if qtype == "Q8_0":
+        return torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, -1)), half(0), None
+    start = 2 if qtype == "Q4_0" else 4
+    qs = torch.from_numpy(np.ascontiguousarray(b[..., start:]).reshape(n, -1))
+    return qs, half(0), (half(2) if qtype == "Q4_1" else None)
+
+
+class BlockLinear(nn.Module):
+    """``y = x @ W.T (+ b)``, ``W`` as GGUF blocks (module doc). ``forward`` takes ``x [T, K]``
+    of any float dtype and returns ``[T, N]`` in that dtype (float32 is the native one)."""
+
+    input_dtype = torch.float32     # what the norms before it should hand over (no cast)
+
+    def __init__(self, lib: QMatmulLibrary, kind: int, in_features: int, out_features: int,
+                 qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+                 bias: torch.Tensor | None = None):
+        super().__init__()
+        if kind not in (KIND_Q4, KIND_Q8):
+            raise ValueError(f"kind must be {KIND_Q4} (Q4_0/Q4_1) or {KIND_Q8} (Q8_0), got {kind!r}")
+        if in_features % QK:
+            raise ValueError(f"in_features must be a multiple of {QK}, got {in_features}")
+        self.lib, self.kind = lib, kind
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("qs", qs.contiguous())   # Q4: uint8 [N, K/2]; Q8: int8 [N, K]
+        self.register_buffer("d", d.contiguous())     # float16 [N, K/32]
+        self.register_buffer("m", None if m is None else m.contiguous())   # Q4_1: float16 [N, K/32]
+        self.register_buffer("bias", None if bias is None else bias.float().contiguous())  # [N]
+        self._qweight: tuple[tuple[int, ...], QWeight] | None = None
+
+    @property
+    def qweight(self) -> QWeight:
+        """The native view of the buffers (rebuilt if a module-wide move replaced them)."""
+        key = tuple(t.data_ptr() for t in (self.qs, self.d, self.m, self.bias) if t is not None)
+        if self._qweight is None or self._qweight[0] != key:
+            if self.d.dtype != torch.float16 or (self.m is not None and self.m.dtype != torch.float16):
+                raise TypeError("BlockLinear scales must stay float16 (the file's); "
+                                f"got d {self.d.dtype}")
+            self._qweight = (key, QWeight.of(self.kind, self.qs, self.d, self.m, self.bias))
+        return self._qweight[1]
+
+    @classmethod
+    def from_gguf(cls, lib: QMatmulLibrary, parts: list[tuple[np.ndarray, str]],
+                  bias: torch.Tensor | None = None) -> "BlockLinear":
+        """One linear from GGUF row blocks ``parts`` = [(raw rows, qtype)], concatenated by
+        rows; all of one kind (Q4_0/Q4_1 may mix: Q4_0 gets ``m = -8 d``)."""
+        split = [split_blocks(raw, qtype) for raw, qtype in parts]
+        kinds = {KIND_Q8 if qtype == "Q8_0" else KIND_Q4 for _, qtype in parts}
+        if len(kinds) != 1:
+            raise ValueError("a fused linear cannot mix Q8_0 with Q4 blocks")
+        kind = kinds.pop()
+        qs = torch.cat([s[0] for s in split])
+        d = torch.cat([s[1] for s in split])
+        m = None
+        if any(s[2] is not None for s in split):
+            m = torch.cat([s[2] if s[2] is not None else -8 * s[1] for s in split])
+        k = qs.shape[1] * (2 if kind == KIND_Q4 else 1)
+        return cls(lib, kind, k, qs.shape[0], qs, d, m, bias)
+
+    def _q(self, rows: torch.Tensor | slice) -> torch.Tensor:
+        """Quant values of ``rows`` as float32 ``[r, K/32, 32]`` (Q4: 0..15, Q8: signed)."""
+        qs = self.qs[rows]
+        if self.kind == KIND_Q8:
+            return qs.float().view(qs.shape[0], -1, QK)
+        b = qs.view(qs.shape[0], -1, QK // 2)
+        return torch.cat([b & 15, b >> 4], dim=-1).float()
+
+    def rows(self, ids: torch.Tensor | slice) -> torch.Tensor:
+        """Rows ``ids`` of the weight, dequantized exactly to float32 ``[T, K]``."""
+        q, d = self._q(ids), self.d[ids].float()[..., None]
+        if self.kind == KIND_Q8:
+            w = q * d
+        else:
+            w = q * d + (self.m[ids].float()[..., None] if self.m is not None else -8 * d)
+        return w.reshape(w.shape[0], self.in_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight as a dense ``[N, K]`` tensor."""
+        return self.rows(slice(None)).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        y = self.lib.matmul(self.qweight, xf)                                    # [T, N]
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        kind = "q8" if self.kind == KIND_Q8 else "q4"
+        return f"{kind} blocks, in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"

@@ -1,0 +1,134 @@
+"""The native quantized matmul (``qmatmul.c``): built on first use with the system C compiler
+into a per-user cache, loaded with ctypes, shared by every :class:`~runtime.block_linear.BlockLinear`.
+
+Why native: at batch 1 a decode step of a small model is a few dozen matmuls whose torch
+kernels (int4 / int8 weight-only, bf16 activations) each cost tens of µs; a loop over the GGUF
+blocks with AVX-512 VNNI integer dot products (what llama.cpp does) runs the same shapes
+several times faster and keeps each block's own scale (Q8_0 included).
+
+Availability (:func:`qmatmul_library` returns None and says why, once, in the log): the CPU
+must report ``avx512f avx512bw avx512vl avx512dq avx512_vnni f16c``, a C compiler (``$CC``,
+else ``cc``/``gcc``) must build the source, and ``AGENTLANG_NATIVE`` must not be ``0``.
+Without it the loader keeps torch's kernels (``runtime.quant_linear``). The build takes
+~1 s, at model load (never on a request), and is reused across processes: the cache key is
+the source, the flags and the compiler's version (``$XDG_CACHE_HOME/agentlang/native`` or
+``~/.cache/agentlang/native``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("qmatmul.h", "qmatmul.c", "decode_layer.c"))
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c")
+CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
+          "-mf16c", "-fopenmp", "-fPIC", "-shared")
+KIND_Q4, KIND_Q8 = 4, 8
+
+_log = logging.getLogger(__name__)
+
+
+class QWeight(ctypes.Structure):
+    """``agl_qweight``: one quantized weight's pointers (the tensors must outlive it)."""
+
+    _fields_ = [("kind", ctypes.c_int32), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p)]
+
+    @classmethod
+    def of(cls, kind: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+           bias: torch.Tensor | None) -> "QWeight":
+        """qs: Q4 uint8 ``[N, K/2]`` / Q8 int8 ``[N, K]``; d, m: float16 ``[N, K/32]``
+        (m: Q4_1 only); bias: float32 ``[N]``; all contiguous."""
+        n, k = d.shape[0], d.shape[1] * 32
+        return cls(kind, n, k, qs.data_ptr(), d.data_ptr(), _ptr(m), _ptr(bias))
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class QMatmulLibrary:
+    """The loaded library: :meth:`matmul` runs ``agl_qmatmul`` on torch tensors; ``lib`` is
+    the ctypes handle for the other entry points (``runtime.native_decode``)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lib = ctypes.CDLL(str(path))
+        self._fn = self.lib.agl_qmatmul
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ctypes.POINTER(QWeight), ctypes.c_void_p, ctypes.c_int64,
+                             ctypes.c_void_p, ctypes.c_int]
+
+    def matmul(self, w: QWeight, x: torch.Tensor) -> torch.Tensor:
+        """x: float32 contiguous ``[M, K]`` → ``x @ W.T + bias``, float32 ``[M, N]``."""
+        y = torch.empty(x.shape[0], w.n, dtype=torch.float32)
+        if self._fn(ctypes.byref(w), x.data_ptr(), x.shape[0], y.data_ptr(),
+                    torch.get_num_threads()) != 0:
+            raise MemoryError(f"native matmul: no memory to quantize {tuple(x.shape)} activations")
+        return y
+
+
+@functools.cache
+def qmatmul_library() -> QMatmulLibrary | None:
+    """The library, built if needed, or None where it cannot run here (reason logged)."""
+    reason = _unavailable_reason()
+    if reason is None:
+        try:
+            return QMatmulLibrary(_build())
+        except subprocess.CalledProcessError as e:
+            reason = f"build failed: {e.stderr.strip()[-400:]}"
+        except OSError as e:
+            reason = f"build failed: {e}"
+    _log.info("native quantized matmul unavailable (%s): using torch's int4/int8 kernels", reason)
+    return None
+
+
+def _unavailable_reason() -> str | None:
+    if os.environ.get("AGENTLANG_NATIVE", "1") == "0":
+        return "AGENTLANG_NATIVE=0"
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n")[0].split())
+    except (OSError, IndexError):
+        return "no /proc/cpuinfo"
+    missing = [f for f in CPU_FLAGS if f not in flags]
+    if missing:
+        return "the CPU lacks " + " ".join(missing)
+    if _compiler() is None:
+        return "no C compiler (set CC)"
+    return None
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build() -> Path:
+    cc = _compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    texts = [p.read_text() for p in SOURCES]
+    key = hashlib.sha256("\0".join([*texts, *CFLAGS, version]).encode()).hexdigest()[:16]
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    out = base / "agentlang" / "native" / key / "libqmatmul.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            subprocess.run([cc, *CFLAGS, "-o", tmp, *(str(p) for p in SOURCES if p.suffix == ".c"),
+                            "-lm"], check=True, capture_output=True, text=True)
+            os.replace(tmp, out)          # atomic: concurrent builders leave one whole file
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out

@@ -1,0 +1,20 @@
+/* Shared by qmatmul.c and decode_layer.c. */
+#ifndef AGL_QMATMUL_H
+#define AGL_QMATMUL_H
+#include <stdint.h>
+
+/* One quantized weight (layouts at the top of qmatmul.c); bias float32 [n] or NULL. */
+typedef struct {
+    int32_t kind;               /* 4: Q4_0/Q4_1, 8: Q8_0 */
+    int64_t n, k;               /* out and in features; k % 32 == 0 */
+    const void *qs;             /* Q4: uint8 [n, k/2]; Q8: int8 [n, k] */
+    const uint16_t *d, *m;      /* float16 [n, k/32]; m: Q4_1 only, else NULL */
+    const float *bias;
+} agl_qweight;
+
+/* y[M, n] (row stride n) = x[M, k] @ w.T + bias, or y += that with accumulate.
+ * 0, or -1 without memory for the quantized activations. */
+int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accumulate,
+            int nthreads);
+
+#endif

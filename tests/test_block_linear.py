@@ -1,0 +1,102 @@
+"""The native matmul over GGUF blocks (``runtime/native``, ``runtime/block_linear.py``) against
+float64 references: the file's blocks decoded exactly, activations quantized per 32 values as
+the kernel documents. Row invariance is bitwise: alone, batched, and with 1 or 2 threads."""
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.block_linear import BlockLinear
+from runtime.native import KIND_Q4, KIND_Q8, _unavailable_reason, qmatmul_library
+from runtime.quant_linear import QuantEmbedding
+
+gguf = pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def lib():
+    reason = _unavailable_reason()
+    if reason is not None and "CPU lacks" in reason:
+        pytest.skip(reason)                      # another CPU: the torch kernels are used
+    lib = qmatmul_library()
+    assert lib is not None, f"native matmul should build on this CPU: {reason}"
+    return lib
+
+
+def gguf_rows(w: np.ndarray, qtype: str) -> np.ndarray:
+    """float32 ``[N, K]`` → the GGUF encoding's raw rows (uint8 ``[N, bytes]``)."""
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype])
+
+
+def decoded(raw: np.ndarray, qtype: str) -> torch.Tensor:
+    return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])).double()
+
+
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """What the kernel multiplies: per 32 values, round(x * 127 / amax) * amax / 127."""
+    b = x.view(x.shape[0], -1, 32)
+    amax = b.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    q = torch.round(b * inv)
+    return (q.double() * (amax / 127).double()).view_as(x)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("N,K", [(960, 576), (33, 96), (5, 32), (130, 1536)])
+def test_matches_float64_reference_of_the_file_blocks(lib, qtype, N, K):
+    torch.manual_seed(N + K)
+    raw = gguf_rows(torch.randn(N, K).numpy(), qtype)
+    lin = BlockLinear.from_gguf(lib, [(raw, qtype)], bias=torch.arange(N, dtype=torch.float32))
+    w = decoded(raw, qtype)
+    assert torch.equal(lin.dequantize().double(), w)              # the file's values, exactly
+    for T in (1, 4, 37):
+        x = torch.randn(T, K)
+        y = lin(x)
+        assert y.shape == (T, N) and y.dtype == torch.float32
+        ref = quantized_activations(x) @ w.T + torch.arange(N).double()
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
+        full = x.double() @ w.T + torch.arange(N).double()
+        assert ((y.double() - full).norm() / full.norm()).item() < 0.02    # 8-bit activations
+    assert lin(torch.randn(2, K, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
+    raw = gguf_rows(torch.randn(200, 576).numpy(), qtype)
+    lin = BlockLinear.from_gguf(lib, [(raw, qtype)])
+    x = torch.randn(23, 576)
+    together = lin(x)
+    alone = torch.cat([lin(x[i:i + 1]) for i in range(23)])
+    assert torch.equal(together, alone)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(lin(x), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_fused_q4_0_and_q4_1_parts_and_embedding_rows(lib):
+    a = gguf_rows(torch.randn(16, 64).numpy(), "Q4_0")
+    b = gguf_rows(torch.randn(24, 64).numpy(), "Q4_1")
+    lin = BlockLinear.from_gguf(lib, [(a, "Q4_0"), (b, "Q4_1")])
+    w = torch.cat([decoded(a, "Q4_0"), decoded(b, "Q4_1")])
+    assert lin.out_features == 40 and lin.in_features == 64
+    assert torch.equal(lin.dequantize().double(), w)
+    x = torch.randn(3, 64)
+    ref = quantized_activations(x) @ w.T
+    assert ((lin(x).double() - ref).norm() / ref.norm()).item() < 1e-5
+    ids = torch.tensor([0, 15, 16, 39, 3])
+    assert torch.equal(QuantEmbedding(lin, torch.float32)(ids).double(), w[ids])
+    with pytest.raises(ValueError, match="cannot mix Q8_0"):
+        BlockLinear.from_gguf(lib, [(a, "Q4_0"), (gguf_rows(torch.randn(8, 64).numpy(), "Q8_0"), "Q8_0")])
+
+
+def test_bad_shapes_and_kinds(lib):
+    with pytest.raises(ValueError, match="kind must be 4"):
+        BlockLinear(lib, 5, 32, 1, torch.zeros(1, 16, dtype=torch.uint8),
+                    torch.zeros(1, 1, dtype=torch.float16), None)
+    with pytest.raises(ValueError, match="in_features must be a multiple of 32"):
+        BlockLinear(lib, KIND_Q8, 48, 1, torch.zeros(1, 48, dtype=torch.int8),
+                    torch.zeros(1, 1, dtype=torch.float16), None)
+    assert KIND_Q4 != KIND_Q8

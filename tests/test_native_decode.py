@@ -1,0 +1,102 @@
+"""Decode steps in one native call per layer (``runtime/native_decode.py``) against the same
+model's torch layers: logits and stored K/V agree to float32 rounding, a sequence's result is
+bitwise the same alone or batched, and steps the native path does not serve fall back."""
+
+import random
+
+import pytest
+import torch
+
+from runtime.attention.torch_backend import TorchAttentionBackend
+from runtime.forward_batch import build_forward_batch
+from runtime.kv_pool import KVLayout, KVPool
+from runtime.models.gguf_model import load_gguf_model
+from runtime.native import qmatmul_library
+from test_gguf_loading import tokenizer_fields, write_gguf  # noqa: F401  (fixture)
+
+PS = 4
+PROMPTS = [[5, 17, 99, 3, 42, 8], list(range(60, 100)), [7, 8, 9]]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    if qmatmul_library() is None:
+        pytest.skip("no native library on this machine (runtime.native logs why)")
+    return qmatmul_library()
+
+
+def setup(model, prompts, pool_dtype=torch.float32):
+    """Prefill ``prompts`` (torch layers) into a pool with shuffled pages; returns the pool,
+    the page tables and the next decode step's batch."""
+    cfg = model.config
+    pool = KVPool(KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool_dtype), PS,
+                  num_pages=64)
+    ids = list(range(1, 64))
+    random.Random(0).shuffle(ids)
+    tables, at = [], 0
+    for p in prompts:
+        n = -(-(len(p) + 4) // PS)
+        tables.append(ids[at:at + n])
+        at += n
+    model(build_forward_batch(prompts, [0] * len(prompts), tables, PS), pool,
+          TorchAttentionBackend())
+    return pool, tables
+
+
+def decode(model, pool, tables, prompts, tokens, native: bool):
+    batch = build_forward_batch([[t] for t in tokens], [len(p) for p in prompts], tables, PS)
+    keep = model.native_decoder
+    model.native_decoder = keep if native else None
+    try:
+        return model(batch, pool, TorchAttentionBackend())
+    finally:
+        model.native_decoder = keep
+
+
+@pytest.mark.parametrize("qtype,arch,tied", [("Q4_1", "llama", True), ("Q4_0", "qwen2", False),
+                                             ("Q8_0", "llama", False)])
+def test_native_decode_matches_the_torch_layers(tmp_path, tokenizer_fields, lib, qtype, arch, tied):
+    path = write_gguf(tmp_path / "m.gguf", tokenizer_fields, qtype, arch, tied=tied)
+    model = load_gguf_model(path, "auto", torch.float32)
+    assert model.native_decoder is not None
+    pool, tables = setup(model, PROMPTS)
+    tokens = [11, 12, 13]
+    fast = decode(model, pool, tables, PROMPTS, tokens, native=True)
+    slots = build_forward_batch([[t] for t in tokens], [len(p) for p in PROMPTS], tables,
+                                PS).slot_mapping
+    kv_fast = pool.buffer.view(model.config.num_layers, 2, -1, pool.buffer.shape[-2] *
+                               pool.buffer.shape[-1])[:, :, slots].clone()
+    slow = decode(model, pool, tables, PROMPTS, tokens, native=False)
+    kv_slow = pool.buffer.view(*kv_fast.shape[:2], -1, kv_fast.shape[-1])[:, :, slots]
+    assert ((fast - slow).norm() / slow.norm()).item() < 1e-5, "logits differ"
+    assert ((kv_fast - kv_slow).norm() / kv_slow.norm()).item() < 1e-5, "stored K/V differ"
+    assert torch.equal(fast.argmax(-1), slow.argmax(-1))
+
+
+def test_a_sequence_decodes_the_same_alone_and_batched(tmp_path, tokenizer_fields, lib):
+    path = write_gguf(tmp_path / "m.gguf", tokenizer_fields, "Q4_1")
+    model = load_gguf_model(path, "auto", torch.float32)
+    pool, tables = setup(model, PROMPTS)
+    together = decode(model, pool, tables, PROMPTS, [11, 12, 13], native=True)
+    for b in range(3):
+        alone = decode(model, pool, tables[b:b + 1], PROMPTS[b:b + 1], [11 + b], native=True)
+        assert torch.equal(alone[0], together[b])
+
+
+def test_steps_it_does_not_serve_run_the_torch_layers(tmp_path, tokenizer_fields, lib):
+    path = write_gguf(tmp_path / "m.gguf", tokenizer_fields, "Q4_1")
+    model = load_gguf_model(path, "auto", torch.float32)
+    dec = model.native_decoder
+    pool, tables = setup(model, PROMPTS)
+    prefill = build_forward_batch(PROMPTS, [0] * 3, tables, PS)
+    assert not dec.serves(prefill, pool, TorchAttentionBackend())          # not a decode step
+    step = build_forward_batch([[1]] * 3, [len(p) for p in PROMPTS], tables, PS)
+    assert dec.serves(step, pool, TorchAttentionBackend())
+    bf16 = KVPool(KVLayout(model.config.num_layers, model.config.num_kv_heads,
+                           model.config.head_dim, torch.bfloat16), PS, num_pages=8)
+    assert not dec.serves(step, bf16, TorchAttentionBackend())             # pool not float32
+    int8 = KVPool(KVLayout(model.config.num_layers, model.config.num_kv_heads,
+                           model.config.head_dim, torch.float32, "int8"), PS, num_pages=8)
+    assert not dec.serves(step, int8, TorchAttentionBackend())              # quantized pool
+    assert load_gguf_model(path, "auto", torch.bfloat16).native_decoder is None
+    assert load_gguf_model(path, "auto", torch.float32, kernels="torch").native_decoder is None
