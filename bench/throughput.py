@@ -81,7 +81,10 @@ def main() -> None:
                     choices=["shared_prefix_chat", "independent"])
     ap.add_argument("--weights", default="dense", choices=["dense", "auto"],
                     help="agentlang's weights: dense (HF-exact) or auto (the GGUF's quantized "
-                         "tensors, int4/int8 matmuls); HF always runs dense in --dtype")
+                         "tensors, native or int4/int8 matmuls); HF always runs dense")
+    ap.add_argument("--hf-dtype", choices=list(DTYPES),
+                    help="HF's dtype (default: each --dtype; e.g. --weights auto --dtype "
+                         "float32 --hf-dtype bfloat16: quantized agentlang vs HF bf16)")
     ap.add_argument("--out", help="JSON output (default: bench/results/throughput.json; "
                     "a --quick run: a temporary directory)")
     args = ap.parse_args()
@@ -101,14 +104,16 @@ def main() -> None:
         engine = Engine(resolve_model("default", args.weights).path, dtype=dtype,
                         weights=args.weights, page_size=16, kv_budget_mb=1024,
                         max_batch_tokens=2048, max_running=64)
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).eval()
+        hf_dtype = args.hf_dtype or dtype
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[hf_dtype]).eval()
         for name, items in workloads.items():
             print(f"[{dtype}] {name}: {len(items)} requests", flush=True)
             engine.generate(items[0].prompt_ids, SamplingParams(max_tokens=2))  # warm-up
             ours = run_engine(engine, items)
             base = run_hf(hf, tok.pad_token_id or 0, items)
             ratio = ours["tokens_per_s"] / base["tokens_per_s"]
-            results["runs"].append({"dtype": dtype, "weights": args.weights, "workload": name, "requests": len(items),
+            results["runs"].append({"dtype": dtype, "hf_dtype": hf_dtype, "weights": args.weights,
+                                    "workload": name, "requests": len(items),
                                     "agentlang": ours, "hf": base, "speedup": ratio})
             print(f"  agentlang {ours['tokens_per_s']:8.1f} tok/s  wall {ours['wall_s']:6.1f}s  "
                   f"TTFT {ours['mean_ttft_s']:.2f}s  hit {ours['cache_hit_rate']:.2f}  "

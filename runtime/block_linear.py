@@ -2,7 +2,8 @@
 
 Q4_0 / Q4_1 / Q8_0 weights keep their 32-weight blocks: the quant bytes (``qs``) and the fp16
 scale ``d`` (and Q4_1's fp16 min ``m``) of every block, exactly the file's values; the memory
-is the file's. ``forward`` calls :mod:`runtime.native` (activations quantized to 8 bits per
+is the file's, plus zero blocks that pad each row to a multiple of 4 blocks (the kernel reads
+4 at a time; none for rows of 128k weights). ``forward`` calls :mod:`runtime.native` (activations quantized to 8 bits per
 32-value block, integer dot products per block, float32 accumulation — as llama.cpp does);
 each output row depends only on its own input row, so a token's logits are the same alone,
 batched, in a prefill chunk of any size or in a decode step. Where the native library cannot
@@ -53,9 +54,18 @@ class BlockLinear(nn.Module):
             raise ValueError(f"in_features must be a multiple of {QK}, got {in_features}")
         self.lib, self.kind = lib, kind
         self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("qs", qs.contiguous())   # Q4: uint8 [N, K/2]; Q8: int8 [N, K]
-        self.register_buffer("d", d.contiguous())     # float16 [N, K/32]
-        self.register_buffer("m", None if m is None else m.contiguous())   # Q4_1: float16 [N, K/32]
+        nb = in_features // QK
+        pad = -nb % 4                                  # zero blocks: exact zeros in every sum
+        bytes_per_block = QK // 2 if kind == KIND_Q4 else QK
+
+        def padded(t: torch.Tensor | None, per_block: int) -> torch.Tensor | None:
+            if t is None or pad == 0:
+                return None if t is None else t.contiguous()
+            return torch.cat([t, t.new_zeros(t.shape[0], pad * per_block)], dim=1).contiguous()
+
+        self.register_buffer("qs", padded(qs, bytes_per_block))   # Q4: uint8 [N, kb*16]; Q8: int8 [N, kb*32]
+        self.register_buffer("d", padded(d, 1))        # float16 [N, kb], kb = nb rounded up to 4s
+        self.register_buffer("m", padded(m, 1))        # Q4_1: float16 [N, kb]
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())  # [N]
         self._qweight: tuple[tuple[int, ...], QWeight] | None = None
 
@@ -67,7 +77,8 @@ class BlockLinear(nn.Module):
             if self.d.dtype != torch.float16 or (self.m is not None and self.m.dtype != torch.float16):
                 raise TypeError("BlockLinear scales must stay float16 (the file's); "
                                 f"got d {self.d.dtype}")
-            self._qweight = (key, QWeight.of(self.kind, self.qs, self.d, self.m, self.bias))
+            self._qweight = (key, QWeight.of(self.kind, self.in_features, self.qs, self.d, self.m,
+                                             self.bias))
         return self._qweight[1]
 
     @classmethod
@@ -90,19 +101,21 @@ class BlockLinear(nn.Module):
 
     def _q(self, rows: torch.Tensor | slice) -> torch.Tensor:
         """Quant values of ``rows`` as float32 ``[r, K/32, 32]`` (Q4: 0..15, Q8: signed)."""
+        nb = self.in_features // QK
         qs = self.qs[rows]
         if self.kind == KIND_Q8:
-            return qs.float().view(qs.shape[0], -1, QK)
-        b = qs.view(qs.shape[0], -1, QK // 2)
+            return qs.float().view(qs.shape[0], -1, QK)[:, :nb]
+        b = qs.view(qs.shape[0], -1, QK // 2)[:, :nb]
         return torch.cat([b & 15, b >> 4], dim=-1).float()
 
     def rows(self, ids: torch.Tensor | slice) -> torch.Tensor:
         """Rows ``ids`` of the weight, dequantized exactly to float32 ``[T, K]``."""
-        q, d = self._q(ids), self.d[ids].float()[..., None]
+        nb = self.in_features // QK
+        q, d = self._q(ids), self.d[ids][:, :nb].float()[..., None]
         if self.kind == KIND_Q8:
             w = q * d
         else:
-            w = q * d + (self.m[ids].float()[..., None] if self.m is not None else -8 * d)
+            w = q * d + (self.m[ids][:, :nb].float()[..., None] if self.m is not None else -8 * d)
         return w.reshape(w.shape[0], self.in_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

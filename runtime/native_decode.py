@@ -6,8 +6,10 @@ the arithmetic. :class:`NativeDecoder` runs a whole layer of a decode step in on
 instead, with the same arithmetic in float32 (see the C file).
 
 It serves a step when (:meth:`NativeDecoder.serves`): every sequence appends one token, the
-attention backend is torch's (CPU), and the KV pool stores float32 unquantized; otherwise the
-model's layers run as usual. It is built by the GGUF loader when every layer's linears are
+attention backend is torch's (CPU), the KV pool stores float32 unquantized, and no sequences
+share leading pages (the torch backend reads a shared prefix once for the whole group —
+cascade attention — where this path would read it once per sequence); otherwise the model's
+layers run as usual. It is built by the GGUF loader when every layer's linears are
 :class:`~runtime.block_linear.BlockLinear` and the activations are float32.
 """
 
@@ -17,6 +19,7 @@ import ctypes
 
 import torch
 
+from runtime.attention.decode_plan import decode_plan
 from runtime.block_linear import BlockLinear
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
@@ -75,9 +78,15 @@ class NativeDecoder:
 
     @staticmethod
     def serves(batch: ForwardBatch, pool: KVPool, backend) -> bool:
-        return (batch.is_decode and getattr(backend, "name", None) == "torch"
+        if not (batch.is_decode and getattr(backend, "name", None) == "torch"
                 and pool.scales is None and pool.layout.dtype == torch.float32
-                and pool.device.type == "cpu")
+                and pool.device.type == "cpu"):
+            return False
+        if batch.batch_size == 1:
+            return True
+        plan = batch.cached("torch.decode", lambda: decode_plan(         # the backend's key
+            batch.page_table, batch.seq_lens_list, pool.page_size))
+        return not plan.groups
 
     def step(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor]) -> "NativeStep":
         """The per-step arguments (built once, shared by every layer)."""

@@ -98,5 +98,7 @@ def test_steps_it_does_not_serve_run_the_torch_layers(tmp_path, tokenizer_fields
     int8 = KVPool(KVLayout(model.config.num_layers, model.config.num_kv_heads,
                            model.config.head_dim, torch.float32, "int8"), PS, num_pages=8)
     assert not dec.serves(step, int8, TorchAttentionBackend())              # quantized pool
+    shared = build_forward_batch([[1]] * 2, [9, 10], [tables[1][:3], tables[1][:3]], PS)
+    assert not dec.serves(shared, pool, TorchAttentionBackend())   # shared pages: cascade path
     assert load_gguf_model(path, "auto", torch.bfloat16).native_decoder is None
     assert load_gguf_model(path, "auto", torch.float32, kernels="torch").native_decoder is None

@@ -42,16 +42,17 @@ class QWeight(ctypes.Structure):
     """``agl_qweight``: one quantized weight's pointers (the tensors must outlive it)."""
 
     _fields_ = [("kind", ctypes.c_int32), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
-                ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                ("kb", ctypes.c_int64), ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p)]
 
     @classmethod
-    def of(cls, kind: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+    def of(cls, kind: int, k: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
            bias: torch.Tensor | None) -> "QWeight":
-        """qs: Q4 uint8 ``[N, K/2]`` / Q8 int8 ``[N, K]``; d, m: float16 ``[N, K/32]``
-        (m: Q4_1 only); bias: float32 ``[N]``; all contiguous."""
-        n, k = d.shape[0], d.shape[1] * 32
-        return cls(kind, n, k, qs.data_ptr(), d.data_ptr(), _ptr(m), _ptr(bias))
+        """k: in features; rows of ``kb`` blocks (a multiple of 4, zero-padded): qs Q4 uint8
+        ``[N, kb*16]`` / Q8 int8 ``[N, kb*32]``; d, m float16 ``[N, kb]`` (m: Q4_1 only);
+        bias float32 ``[N]``; all contiguous."""
+        n, kb = d.shape
+        return cls(kind, n, k, kb, qs.data_ptr(), d.data_ptr(), _ptr(m), _ptr(bias))
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
