@@ -145,12 +145,23 @@ def kernels_extend(d: dict, ax) -> str:
     return f"Paged extend attention vs SDPA, {d['device']} (target ≤ 1.5)"
 
 
+def cpu_local(d: dict, ax) -> str:
+    """Batch-1 decode and prefill-512 tok/s, agentlang vs llama.cpp on the same GGUF."""
+    runs = {k.removeprefix("speed_"): v for k, v in d.items() if k.startswith("speed_")}
+    labels = [f"{what}\n{act} activations" for act in runs for what in ("decode", "prefill-512")]
+    bars(ax, labels, {"agentlang": [r[k] for r in runs.values() for k in ("al_decode", "al_prefill")],
+                      "llama.cpp": [r[k] for r in runs.values() for k in ("cpp_decode", "cpp_prefill")]},
+         "tokens / s (batch 1)", fmt="{:.0f}")
+    ax.legend(fontsize=8)
+    return f"Local CPU, {d['model']}, 2 threads: agentlang vs llama.cpp, same file"
+
+
 # chart name -> (the JSON it reads, its drawing function)
 CHARTS: dict[str, tuple[str, Callable[[dict, plt.Axes], str]]] = {
     "throughput": ("throughput", throughput), "programs": ("programs", programs),
     "kv_memory": ("kv_memory", kv_memory), "kv_quant": ("kv_quant", kv_quant),
     "structured": ("structured", structured), "serve": ("serve", serve),
-    "multi_agent": ("multi_agent", multi_agent),
+    "multi_agent": ("multi_agent", multi_agent), "cpu_local": ("cpu_local_speed", cpu_local),
     "kernels": ("kernels", kernels), "kernels_extend": ("kernels", kernels_extend),
 }
 

@@ -83,7 +83,7 @@ class QMatmulLibrary:
 @functools.cache
 def qmatmul_library() -> QMatmulLibrary | None:
     """The library, built if needed, or None where it cannot run here (reason logged)."""
-    reason = _unavailable_reason()
+    reason = unavailable_reason()
     if reason is None:
         try:
             return QMatmulLibrary(_build())
@@ -95,7 +95,8 @@ def qmatmul_library() -> QMatmulLibrary | None:
     return None
 
 
-def _unavailable_reason() -> str | None:
+def unavailable_reason() -> str | None:
+    """Why the native kernels cannot run here (None if they can, given a successful build)."""
     if os.environ.get("AGENTLANG_NATIVE", "1") == "0":
         return "AGENTLANG_NATIVE=0"
     try:
