@@ -69,8 +69,9 @@ class NativeDecoder:
 
     @staticmethod
     def eligible(model: torch.nn.Module, dtype: torch.dtype) -> bool:
-        """Every layer's linears are :class:`BlockLinear` and activations are float32."""
-        return dtype == torch.float32 and all(
+        """Every layer's linears are :class:`BlockLinear`, activations are float32 and heads
+        have at most 512 dimensions (the C layer's RoPE buffer)."""
+        return dtype == torch.float32 and model.config.head_dim <= 512 and all(
             isinstance(m, BlockLinear)
             for layer in model.layers
             for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,

@@ -38,14 +38,20 @@ def test_low_values_first_direction():
     h.assert_no_leak()
 
 
-def test_higher_arrival_preempts_the_lowest_running_for_a_slot():
-    h = StepHarness(page_size=PS, max_running=2, urgent_slots=0)
+def low_and_mid_running(urgent_slots: int):
+    """A full batch (max_running 2) of a priority-0 and a priority-1 request, 3 steps in."""
+    h = StepHarness(page_size=PS, max_running=2, urgent_slots=urgent_slots)
     bg = [h.submit(prompt(i), max_tokens=30, ignore_eos=True, priority=p)
           for i, p in enumerate([0, 1])]
     for _ in range(3):
         h.step()
     low, mid = (g.children[0] for g in bg)
     assert low in h.scheduler.running and mid in h.scheduler.running
+    return h, bg, low, mid
+
+
+def test_higher_arrival_preempts_the_lowest_running_for_a_slot():
+    h, bg, low, mid = low_and_mid_running(urgent_slots=0)
     hi = h.submit(prompt(9), max_tokens=3, ignore_eos=True, priority=5)
     h.step()
     assert hi.children[0] in h.scheduler.running
@@ -62,12 +68,7 @@ def test_higher_arrivals_take_urgent_slots_before_preempting():
     """Between steps as between layers: an arrival that outranks a running request runs in
     one of ``urgent_slots`` slots above ``max_running``; the next one, with those taken,
     preempts the lowest. An arrival outranking no running request never uses them."""
-    h = StepHarness(page_size=PS, max_running=2, urgent_slots=1)
-    bg = [h.submit(prompt(i), max_tokens=30, ignore_eos=True, priority=p)
-          for i, p in enumerate([0, 1])]
-    for _ in range(3):
-        h.step()
-    low, mid = (g.children[0] for g in bg)
+    h, bg, low, mid = low_and_mid_running(urgent_slots=1)
     same = h.submit(prompt(7), max_tokens=3, ignore_eos=True, priority=0)
     h.step()
     assert same.admit_time is None and len(h.scheduler.running) == 2

@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from runtime.block_linear import BlockLinear
 from runtime.gguf_file import open_gguf
 from runtime.gguf_weights import LinearBuilder
 from runtime.models.config import LlamaConfig
 from runtime.models.llama import LlamaModel
 from runtime.models.rope import RotaryEmbedding
 from runtime.native_decode import NativeDecoder
-from runtime.block_linear import BlockLinear
 from runtime.quant_linear import QuantEmbedding, QuantLinear
 
 
