@@ -3,39 +3,22 @@
 Q4_0 / Q4_1 / Q8_0 weights keep their 32-weight blocks: the quant bytes (``qs``) and the fp16
 scale ``d`` (and Q4_1's fp16 min ``m``) of every block, exactly the file's values; the memory
 is the file's, plus zero blocks that pad each row to a multiple of 4 blocks (the kernel reads
-4 at a time; none for rows of 128k weights). ``forward`` calls :mod:`runtime.native` (activations quantized to 8 bits per
-32-value block, integer dot products per block, float32 accumulation — as llama.cpp does);
-each output row depends only on its own input row, so a token's logits are the same alone,
+4 at a time; none for rows of 128k weights). The file's bytes are split into these tensors by
+:func:`runtime.gguf_weights.block_linear`. ``forward`` calls :mod:`runtime.native`
+(activations in two 8-bit planes per 32-value block, ~16 bits; integer dot products per
+block, float32 accumulation); each output row depends only on its own input row, so a token's logits are the same alone,
 batched, in a prefill chunk of any size or in a decode step. Where the native library cannot
 run, the loader uses :mod:`runtime.quant_linear` instead.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from runtime.native import KIND_Q4, KIND_Q8, QMatmulLibrary, QWeight
 
 QK = 32
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-
-
-def split_blocks(raw: np.ndarray, qtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """GGUF rows uint8 ``[N, nb * block_bytes]`` → (qs ``[N, K/2]`` uint8 (Q4) or ``[N, K]``
-    int8 (Q8), d float16 ``[N, nb]``, m float16 ``[N, nb]`` for Q4_1 else None)."""
-    b = np.ascontiguousarray(raw).reshape(raw.shape[0], -1, BLOCK_BYTES[qtype])
-    n = b.shape[0]
-
-    def half(at: int) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(b[..., at:at + 2]).view(np.float16)[..., 0])
-
-    if qtype == "Q8_0":
-        return torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, -1)), half(0), None
-    start = 2 if qtype == "Q4_0" else 4
-    qs = torch.from_numpy(np.ascontiguousarray(b[..., start:]).reshape(n, -1))
-    return qs, half(0), (half(2) if qtype == "Q4_1" else None)
 
 
 class BlockLinear(nn.Module):
@@ -82,20 +65,20 @@ class BlockLinear(nn.Module):
         return self._qweight[1]
 
     @classmethod
-    def from_gguf(cls, lib: QMatmulLibrary, parts: list[tuple[np.ndarray, str]],
-                  bias: torch.Tensor | None = None) -> "BlockLinear":
-        """One linear from GGUF row blocks ``parts`` = [(raw rows, qtype)], concatenated by
-        rows; all of one kind (Q4_0/Q4_1 may mix: Q4_0 gets ``m = -8 d``)."""
-        split = [split_blocks(raw, qtype) for raw, qtype in parts]
-        kinds = {KIND_Q8 if qtype == "Q8_0" else KIND_Q4 for _, qtype in parts}
+    def from_blocks(cls, lib: QMatmulLibrary,
+                    parts: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]],
+                    bias: torch.Tensor | None = None) -> "BlockLinear":
+        """One linear from row groups ``parts`` = [(kind, qs, d, m)] concatenated by rows; all
+        of one kind (Q4_0 and Q4_1 may mix: a Q4_0 part, m None, gets ``m = -8 d``)."""
+        kinds = {kind for kind, *_ in parts}
         if len(kinds) != 1:
             raise ValueError("a fused linear cannot mix Q8_0 with Q4 blocks")
         kind = kinds.pop()
-        qs = torch.cat([s[0] for s in split])
-        d = torch.cat([s[1] for s in split])
+        qs = torch.cat([p[1] for p in parts])
+        d = torch.cat([p[2] for p in parts])
         m = None
-        if any(s[2] is not None for s in split):
-            m = torch.cat([s[2] if s[2] is not None else -8 * s[1] for s in split])
+        if any(p[3] is not None for p in parts):
+            m = torch.cat([p[3] if p[3] is not None else -8 * p[2] for p in parts])
         k = qs.shape[1] * (2 if kind == KIND_Q4 else 1)
         return cls(lib, kind, k, qs.shape[0], qs, d, m, bias)
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from runtime.block_linear import BlockLinear
 from runtime.gguf_file import KEPT_QUANTIZED, GgufFile
-from runtime.native import qmatmul_library
+from runtime.native import KIND_Q4, KIND_Q8, QMatmulLibrary, qmatmul_library
 from runtime.quant_linear import QuantLinear
 
 CHUNK_ROWS = 4096
@@ -35,9 +35,34 @@ def _blocks(raw: np.ndarray, block_bytes: int) -> np.ndarray:
     return np.ascontiguousarray(raw).reshape(raw.shape[0], -1, block_bytes)
 
 
+def _half(b: np.ndarray, at: int) -> torch.Tensor:
+    """The fp16 at byte ``at`` of every block → float16 ``[N, nb]``."""
+    return torch.from_numpy(np.ascontiguousarray(b[..., at:at + 2]).view(np.float16)[..., 0])
+
+
 def _f16(b: np.ndarray, at: int) -> torch.Tensor:
     """The fp16 at byte ``at`` of every block → float32 ``[N, nb]``."""
-    return torch.from_numpy(np.ascontiguousarray(b[..., at:at + 2]).view(np.float16)[..., 0].astype(np.float32))
+    return _half(b, at).float()
+
+
+def split_blocks(raw: np.ndarray, qtype: str
+                 ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Q4_0/Q4_1/Q8_0 rows → (kind, qs, d, m) as :class:`BlockLinear` stores them: qs the
+    quant bytes (Q4 uint8 ``[N, K/2]``, Q8 int8 ``[N, K]``), d and Q4_1's m float16 ``[N, nb]``."""
+    if qtype == "Q8_0":
+        b = _blocks(raw, 34)
+        q = np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(b.shape[0], -1)
+        return KIND_Q8, torch.from_numpy(q), _half(b, 0), None
+    b = _blocks(raw, 18 if qtype == "Q4_0" else 20)
+    start = 2 if qtype == "Q4_0" else 4
+    qs = torch.from_numpy(np.ascontiguousarray(b[..., start:]).reshape(b.shape[0], -1))
+    return KIND_Q4, qs, _half(b, 0), (_half(b, 2) if qtype == "Q4_1" else None)
+
+
+def block_linear(lib: QMatmulLibrary, parts: list[tuple[np.ndarray, str]],
+                 bias: torch.Tensor | None = None) -> BlockLinear:
+    """A :class:`BlockLinear` from GGUF rows ``parts`` = [(raw rows, qtype)], concatenated."""
+    return BlockLinear.from_blocks(lib, [split_blocks(raw, qtype) for raw, qtype in parts], bias)
 
 
 def _nibbles(qs: np.ndarray) -> torch.Tensor:
@@ -120,7 +145,7 @@ class LinearBuilder:
         if self.quantize and qtype in KEPT_QUANTIZED:
             if self.native is not None:
                 self.report[qtype] = "native blocks"
-                return BlockLinear.from_gguf(self.native, [(r, qtype) for r in raws], bias)
+                return block_linear(self.native, [(r, qtype) for r in raws], bias)
             if qtype == "Q8_0":
                 self.report[qtype] = "int8 per row"
                 q, s = zip(*(_chunked(decode_int8_rows, r) for r in raws))

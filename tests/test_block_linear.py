@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from runtime.block_linear import BlockLinear
+from runtime.gguf_weights import block_linear
 from runtime.native import KIND_Q4, KIND_Q8, qmatmul_library, unavailable_reason
 from runtime.quant_linear import QuantEmbedding
 
@@ -53,7 +54,7 @@ def quantized_activations(x: torch.Tensor, residual: bool = True) -> torch.Tenso
 def test_matches_float64_reference_of_the_file_blocks(lib, qtype, N, K):
     torch.manual_seed(N + K)
     raw = gguf_rows(torch.randn(N, K).numpy(), qtype)
-    lin = BlockLinear.from_gguf(lib, [(raw, qtype)], bias=torch.arange(N, dtype=torch.float32))
+    lin = block_linear(lib, [(raw, qtype)], bias=torch.arange(N, dtype=torch.float32))
     w = decoded(raw, qtype)
     assert torch.equal(lin.dequantize().double(), w)              # the file's values, exactly
     for T in (1, 4, 37):
@@ -72,7 +73,7 @@ def test_matches_float64_reference_of_the_file_blocks(lib, qtype, N, K):
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
 def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
     raw = gguf_rows(torch.randn(200, 576).numpy(), qtype)
-    lin = BlockLinear.from_gguf(lib, [(raw, qtype)])
+    lin = block_linear(lib, [(raw, qtype)])
     x = torch.randn(23, 576)
     together = lin(x)
     alone = torch.cat([lin(x[i:i + 1]) for i in range(23)])
@@ -88,7 +89,7 @@ def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
 def test_fused_q4_0_and_q4_1_parts_and_embedding_rows(lib):
     a = gguf_rows(torch.randn(16, 64).numpy(), "Q4_0")
     b = gguf_rows(torch.randn(24, 64).numpy(), "Q4_1")
-    lin = BlockLinear.from_gguf(lib, [(a, "Q4_0"), (b, "Q4_1")])
+    lin = block_linear(lib, [(a, "Q4_0"), (b, "Q4_1")])
     w = torch.cat([decoded(a, "Q4_0"), decoded(b, "Q4_1")])
     assert lin.out_features == 40 and lin.in_features == 64
     assert torch.equal(lin.dequantize().double(), w)
@@ -98,7 +99,7 @@ def test_fused_q4_0_and_q4_1_parts_and_embedding_rows(lib):
     ids = torch.tensor([0, 15, 16, 39, 3])
     assert torch.equal(QuantEmbedding(lin, torch.float32)(ids).double(), w[ids])
     with pytest.raises(ValueError, match="cannot mix Q8_0"):
-        BlockLinear.from_gguf(lib, [(a, "Q4_0"), (gguf_rows(torch.randn(8, 64).numpy(), "Q8_0"), "Q8_0")])
+        block_linear(lib, [(a, "Q4_0"), (gguf_rows(torch.randn(8, 64).numpy(), "Q8_0"), "Q8_0")])
 
 
 def test_bad_shapes_and_kinds(lib):
