@@ -7,8 +7,10 @@
   When sequences share their leading pages (a common system prompt, forks, n > 1), the shared
   part is read **once** for the whole group and merged with each sequence's own suffix by
   log-sum-exp (cascade attention), so a 1k-token shared prompt is not re-read per sequence.
-* Steps with longer extends loop over sequences; a sequence without cached prefix uses the
-  causal SDPA kernel, one with a cached prefix an explicit mask.
+* Steps with longer extends: sequences whose cached prefixes begin with the same pages (n
+  requests with one system prompt) attend to those pages once for the whole group, merged
+  with each one's own part (:mod:`runtime.attention.cascade`); any other sequence runs alone,
+  through the causal SDPA kernel without a cached prefix, with an explicit mask after one.
 All K/V reads go through ``KVPool.gather`` (which dequantizes quantized pools).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from runtime.attention.cascade import attend_lse, extend_group, extend_plan, kv_of, merge_lse
 from runtime.attention.decode_plan import DecodePlan, decode_plan
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
@@ -28,27 +31,6 @@ def gather_context(pool: KVPool, layer: int, which: int, pages: torch.Tensor,
     S = pool.page_size
     n = (length + S - 1) // S
     return pool.gather(layer, which, pages[:n]).flatten(0, 1)[:length]
-
-
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     bias: torch.Tensor | None, scale: float, with_lse: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Softmax attention of the G query heads of each KV head over one K/V sequence per row.
-
-    q: [b, Hkv, G, D]; k, v: [b, L, Hkv, D] as gathered from the pool; bias: [b, 1, 1, L]
-    additive (0 / -inf for padding) or None. Scores and softmax in float32. Returns
-    out [b, Hkv, G, D] and, when ``with_lse``, the log-sum-exp [b, Hkv, G] (for cascade merging).
-    """
-    s = torch.matmul(q, k.permute(0, 2, 3, 1))                         # [b, H, G, L]
-    s = s.float().mul_(scale) if s.dtype != torch.float32 else s.mul_(scale)
-    if bias is not None:
-        s.add_(bias)
-    p = torch.softmax(s, dim=-1)
-    if p.dtype != v.dtype:
-        p = p.to(v.dtype)
-    out = torch.matmul(p, v.transpose(1, 2))                             # [b, H, G, D]
-    lse = torch.logsumexp(s, dim=-1) if with_lse else None
-    return out, lse
 
 
 class TorchAttentionBackend:
@@ -78,7 +60,14 @@ class TorchAttentionBackend:
             out[rows] = self._decode(q[rows], pool, layer, plan, scale)
         else:
             singles = []
-        for b in sorted(set(range(batch.batch_size)) - set(singles)):
+        rest = sorted(set(range(batch.batch_size)) - set(singles))
+        groups = batch.cached("torch.extend_groups", lambda: extend_plan(
+            batch.page_table, starts, seq_lens, batch.prefix_lens_list, rest, pool.page_size,
+            q.shape[1] // pool.layout.num_kv_heads))
+        for g in groups:
+            extend_group(q, out, pool, layer, g, scale)
+        grouped = {b for g in groups for b in g.rows}
+        for b in (b for b in rest if b not in grouped):
             seq_len, p0 = seq_lens[b], batch.prefix_lens_list[b]
             s, e = starts[b], starts[b + 1]
             k = gather_context(pool, layer, 0, batch.page_table[b], seq_len).to(q.dtype)
@@ -108,23 +97,17 @@ class TorchAttentionBackend:
         cascade = bool(plan.groups)
 
         def kv(pages: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-            k, v = pool.gather_kv(layer, pages)                          # [..., n, S, Hkv, D]
-            k, v = k.flatten(-4, -3), v.flatten(-4, -3)                  # [..., n*S, Hkv, D]
-            if k.shape[-3] != length:
-                k, v = k[..., :length, :, :], v[..., :length, :, :]
-            if k.dtype != q.dtype:
-                k, v = k.to(q.dtype), v.to(q.dtype)
-            return k, v                                                  # [..., L, Hkv, D]
+            return kv_of(pool, layer, pages, length, q.dtype)            # [..., L, Hkv, D]
 
         if len(plan.buckets) == 1 and plan.buckets[0].rows is None and not cascade:
             bk = plan.buckets[0]
-            out, _ = decode_attention(qg, *kv(bk.pages, bk.length), bk.bias, scale)
+            out, _ = attend_lse(qg, *kv(bk.pages, bk.length), scale, bk.bias)
             return out.reshape(B, Hq, D)
         out = torch.empty_like(qg)                                       # [B, Hkv, G, D]
         lse = torch.empty(B, Hkv, Hq // Hkv) if cascade else None
         for bk in plan.buckets:
             rows = slice(None) if bk.rows is None else bk.rows
-            o, l = decode_attention(qg[rows], *kv(bk.pages, bk.length), bk.bias, scale, cascade)
+            o, l = attend_lse(qg[rows], *kv(bk.pages, bk.length), scale, bk.bias)
             out[rows] = o
             if cascade:
                 lse[rows] = l
@@ -132,14 +115,10 @@ class TorchAttentionBackend:
             kp, vp = kv(g.pages, g.pages.numel() * pool.page_size)       # [n*S, Hkv, D]
             M, G = g.rows.numel(), Hq // Hkv
             qp = qg[g.rows].transpose(0, 1).reshape(1, Hkv, M * G, D)
-            op, lp = decode_attention(qp, kp[None], vp[None], None, scale, True)
+            op, lp = attend_lse(qp, kp[None], vp[None], scale)
             op = op.view(Hkv, M, G, D).transpose(0, 1)                   # [M, Hkv, G, D]
             lp = lp.view(Hkv, M, G).transpose(0, 1)                      # [M, Hkv, G]
-            ls = lse[g.rows]
-            mx = torch.maximum(lp, ls)
-            wp, ws = torch.exp(lp - mx), torch.exp(ls - mx)
-            merged = (op.float() * wp[..., None] + out[g.rows].float() * ws[..., None])
-            out[g.rows] = (merged / (wp + ws)[..., None]).to(out.dtype)
+            out[g.rows] = merge_lse(out[g.rows], lse[g.rows], op, lp)
         return out.reshape(B, Hq, D)
 
     def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:

@@ -1,0 +1,137 @@
+"""Attention in parts merged by log-sum-exp, and the cascade plan of an extend step.
+
+Softmax attention over keys ``A ∪ B`` equals the attention over ``A`` and over ``B`` merged by
+their log-sum-exps, so a part that many queries share (a common system prompt) can be attended
+**once** for all of them, in one large matmul, and merged with each sequence's own part. The
+decode path (:mod:`runtime.attention.decode_plan`) and the extend path below both do this.
+
+An extend step whose sequences share leading cached pages (``n`` requests with one system
+prompt, each prefilling its own question) is planned once per step (:func:`extend_plan`): the
+shared pages of each group, and its members bucketed by (new tokens, own context) so that each
+bucket's own part is one batched matmul with one causal mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.attention.decode_plan import shared_prefix_groups
+
+MAX_QUERY_TOKENS = 512   # query tokens a shared-part matmul takes at a time (bounds its scores)
+
+
+def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+               bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention with its log-sum-exp.
+
+    q: [..., H, R, D] (the R query rows of each KV head: its G query heads × tokens);
+    k, v: [..., L, H, D] as gathered from the pool; bias: additive (0 / -inf), broadcastable to
+    [..., H, R, L], or None; no row may be masked entirely. Scores, softmax and lse in float32.
+    Returns out [..., H, R, D] in v's dtype and lse [..., H, R] float32.
+    """
+    s = torch.matmul(q, k.movedim(-3, -1))                               # [..., H, R, L]
+    s = s.float() if s.dtype != torch.float32 else s
+    s.mul_(scale)
+    if bias is not None:
+        s.add_(bias)
+    m = s.amax(-1, keepdim=True)
+    p = s.sub_(m).exp_()
+    z = p.sum(-1, keepdim=True)
+    p = p.div_(z)
+    out = torch.matmul(p if p.dtype == v.dtype else p.to(v.dtype), v.movedim(-3, -2))
+    return out, (m + z.log_()).squeeze(-1)
+
+
+def merge_lse(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor
+              ) -> torch.Tensor:
+    """The attention over both key sets from each one's (out [..., D], lse [...]); in o1's dtype."""
+    mx = torch.maximum(l1, l2)
+    w1, w2 = torch.exp(l1 - mx), torch.exp(l2 - mx)
+    merged = o1.float() * w1[..., None] + o2.float() * w2[..., None]
+    return (merged / (w1 + w2)[..., None]).to(o1.dtype)
+
+
+@dataclass(frozen=True)
+class OwnBucket:
+    """Members with the same new tokens ``n`` and own context ``length`` (the keys after the
+    shared pages, their new tokens last)."""
+    tokens: torch.Tensor        # [m, n] int64 rows of the step's query tokens, member by member
+    pages: torch.Tensor         # [m, p] int64 page ids of each member's own context
+    length: int                 # L own keys per member
+    bias: torch.Tensor          # [n * G, L] float32 causal mask (0 / -inf), rows in (token, head) order
+
+
+@dataclass(frozen=True)
+class ExtendGroup:
+    rows: list[int]             # batch rows of the members
+    pages: torch.Tensor         # [P] int64 shared page ids (inside every member's cached prefix)
+    buckets: tuple[OwnBucket, ...]
+
+
+def extend_plan(page_table: torch.Tensor, starts: list[int], seq_lens: list[int],
+                prefix_lens: list[int], rows: list[int], page_size: int, group_size: int
+                ) -> tuple[ExtendGroup, ...]:
+    """Groups among extend rows ``rows`` whose cached prefixes begin with the same pages.
+
+    page_table: [B, max_pages]; starts: [B + 1] query-token offsets; group_size: G query heads a
+    KV head. A row in no group is left to the caller."""
+    table = page_table[rows].long()
+    shared, groups = shared_prefix_groups(table, [prefix_lens[b] + 1 for b in rows], page_size)
+    plans = []
+    for members, n_shared in groups:
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for i in members:
+            b = rows[i]
+            own = seq_lens[b] - n_shared * page_size
+            by_shape.setdefault((seq_lens[b] - prefix_lens[b], own), []).append(i)
+        buckets = []
+        for (n, own), idx in by_shape.items():
+            n_pages = (own + page_size - 1) // page_size
+            tokens = torch.tensor([starts[rows[i]] for i in idx])[:, None] + torch.arange(n)
+            pages = table[idx, n_shared:n_shared + n_pages]
+            qpos = torch.arange(own - n, own)[:, None]                              # [n, 1]
+            bias = torch.zeros(n, own).masked_fill_(torch.arange(own)[None, :] > qpos,
+                                                    float("-inf"))
+            bias = bias[:, None, :].expand(n, group_size, own).reshape(n * group_size, own)
+            buckets.append(OwnBucket(tokens, pages.contiguous(), own, bias))
+        plans.append(ExtendGroup([rows[i] for i in members], table[members[0], :n_shared],
+                                 tuple(buckets)))
+    return tuple(plans)
+
+
+def kv_of(pool, layer: int, pages: torch.Tensor, length: int, dtype: torch.dtype
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of ``pages`` ([..., p]) as [..., length, Hkv, D] in ``dtype``."""
+    k, v = pool.gather_kv(layer, pages)                                   # [..., p, S, Hkv, D]
+    k, v = k.flatten(-4, -3)[..., :length, :, :], v.flatten(-4, -3)[..., :length, :, :]
+    if k.dtype != dtype:
+        k, v = k.to(dtype), v.to(dtype)
+    return k, v
+
+
+def extend_group(q: torch.Tensor, out: torch.Tensor, pool, layer: int, group: ExtendGroup,
+                 scale: float) -> None:
+    """Attention of a group's query tokens, written into ``out``. q, out: [T, Hq, D]."""
+    _, Hq, D = q.shape
+    Hkv = pool.layout.num_kv_heads
+    G = Hq // Hkv
+    ks, vs = kv_of(pool, layer, group.pages, group.pages.numel() * pool.page_size, q.dtype)
+    for bk in group.buckets:
+        m, n = bk.tokens.shape
+        per = max(1, MAX_QUERY_TOKENS // n)
+        for c in range(0, m, per):
+            tokens = bk.tokens[c:c + per]                                 # [mc, n]
+            mc = tokens.shape[0]
+            qb = q[tokens.reshape(-1)].view(mc, n, Hkv, G, D).permute(0, 2, 1, 3, 4)
+            qb = qb.reshape(mc, Hkv, n * G, D)                            # rows in (token, head) order
+            o_own, l_own = attend_lse(qb, *kv_of(pool, layer, bk.pages[c:c + per], bk.length,
+                                                 q.dtype), scale, bk.bias)
+            qs = qb.transpose(0, 1).reshape(Hkv, mc * n * G, D)
+            o_sh, l_sh = attend_lse(qs, ks, vs, scale)                    # [Hkv, mc*n*G, D]
+            o_sh = o_sh.view(Hkv, mc, n * G, D).transpose(0, 1)
+            l_sh = l_sh.view(Hkv, mc, n * G).transpose(0, 1)
+            o = merge_lse(o_own, l_own, o_sh, l_sh)                       # [mc, Hkv, n*G, D]
+            out[tokens.reshape(-1)] = o.view(mc, Hkv, n, G, D).transpose(1, 2).reshape(
+                mc * n, Hq, D)

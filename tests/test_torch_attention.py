@@ -1,0 +1,86 @@
+"""The torch attention backend against the float64 reference, on steps whose sequences share
+cached leading pages (cascade groups, extend and decode) mixed with ones that do not."""
+
+import random
+
+import pytest
+import torch
+
+from kernels import extend_attention_ref
+from runtime.attention import cascade
+from runtime.attention.torch_backend import TorchAttentionBackend
+from runtime.forward_batch import build_forward_batch
+from runtime.kv_pool import KVLayout, KVPool
+
+PS, HKV, HQ, D = 4, 2, 6, 16
+
+
+def filled_pool(dtype=torch.float32, num_pages=96):
+    pool = KVPool(KVLayout(1, HKV, D, dtype), PS, num_pages=num_pages)
+    g = torch.Generator().manual_seed(0)
+    slots = torch.arange(num_pages * PS)
+    pool.store(0, slots, torch.randn(slots.numel(), HKV, D, generator=g),
+               torch.randn(slots.numel(), HKV, D, generator=g))
+    return pool
+
+
+def attend(pool, new_lens, prefix_lens, tables, q):
+    batch = build_forward_batch([[1] * n for n in new_lens], prefix_lens, tables, PS)
+    out = TorchAttentionBackend().attend(q, pool, 0, batch, 0.25)
+    k, v = pool.gather_kv(0, torch.arange(pool.num_pages))
+    ref = extend_attention_ref(q, k, v, batch.page_table, batch.q_start_loc, batch.prefix_lens,
+                               batch.seq_lens, 0.25)
+    return out, ref, batch
+
+
+def rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def test_extend_groups_match_the_reference():
+    """Two groups sharing 3 and 5 cached pages (members of different new/own lengths, so
+    several buckets), a sequence sharing pages with none, a fresh one and two decodes."""
+    rng = random.Random(1)
+    free = list(range(20, 96))
+    rng.shuffle(free)
+    shared_a, shared_b = [1, 2, 3], [4, 5, 6, 7, 8]
+
+    def table(shared, n_tokens):
+        own = -(-n_tokens // PS) - len(shared)
+        return shared + [free.pop() for _ in range(own)]
+
+    rows = [  # (new tokens, cached prefix, shared pages)
+        (5, 12, shared_a), (5, 12, shared_a), (3, 14, shared_a), (7, 12, shared_a),
+        (4, 20, shared_b), (6, 23, shared_b),
+        (9, 10, []), (8, 0, []), (1, 13, shared_a), (1, 30, []),
+    ]
+    tables = [table(s, n + p) for n, p, s in rows]
+    q = torch.randn(sum(n for n, _, _ in rows), HQ, D, generator=torch.Generator().manual_seed(2))
+    out, ref, batch = attend(filled_pool(), [r[0] for r in rows], [r[1] for r in rows], tables, q)
+    assert rel(out, ref) < 1e-6
+    groups = batch.memo["torch.extend_groups"]
+    assert sorted(sorted(g.rows) for g in groups) == [[0, 1, 2, 3], [4, 5]]
+    assert [len(g.buckets) for g in sorted(groups, key=lambda g: g.rows[0])] == [3, 2]
+
+
+def test_extend_group_chunks_its_queries(monkeypatch):
+    """A group larger than one shared-part matmul: the same result chunked as in one piece."""
+    shared = list(range(1, 9))
+    tables = [shared + [40 + 2 * i, 41 + 2 * i] for i in range(12)]
+    q = torch.randn(12 * 6, HQ, D, generator=torch.Generator().manual_seed(3))
+    pool = filled_pool()
+    whole, ref, _ = attend(pool, [6] * 12, [33] * 12, tables, q)
+    monkeypatch.setattr(cascade, "MAX_QUERY_TOKENS", 12)
+    chunked, _, _ = attend(pool, [6] * 12, [33] * 12, tables, q)
+    assert rel(whole, ref) < 1e-6 and rel(chunked, ref) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_cascade_matches_the_reference(dtype):
+    shared = list(range(1, 7))
+    lens = [26, 29, 31, 25]
+    tables = [shared + [30 + 3 * i, 31 + 3 * i, 32 + 3 * i] for i in range(4)] + [[60, 61, 62]]
+    q = torch.randn(5, HQ, D, generator=torch.Generator().manual_seed(4)).to(dtype)
+    out, ref, batch = attend(filled_pool(dtype), [1] * 5, lens + [9], tables, q)
+    assert rel(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
+    assert len(batch.memo["torch.decode"].groups) == 1
