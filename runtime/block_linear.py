@@ -4,10 +4,12 @@ Q4_0 / Q4_1 / Q8_0 weights keep their 32-weight blocks: the quant bytes (``qs``)
 scale ``d`` (and Q4_1's fp16 min ``m``) of every block, exactly the file's values; the memory
 is the file's, plus zero blocks that pad each row to a multiple of 4 blocks (the kernel reads
 4 at a time; none for rows of 128k weights). The file's bytes are split into these tensors by
-:func:`runtime.gguf_weights.block_linear`. ``forward`` calls :mod:`runtime.native`
-(activations in two 8-bit planes per 32-value block, ~16 bits; integer dot products per
-block, float32 accumulation); each output row depends only on its own input row, so a token's logits are the same alone,
-batched, in a prefill chunk of any size or in a decode step. Where the native library cannot
+:func:`runtime.gguf_weights.block_linear`; the quant bytes of each group of 4 blocks are
+then permuted into the kernel's order (``runtime/native/qmatmul.c``; :func:`kernel_order`).
+``forward`` calls :mod:`runtime.native` (activations as int16 with a step per 32-value block;
+integer dot products per block, float32 accumulation); each output row depends only on its
+own input row, so a token's logits are the same alone, batched, in a prefill chunk of any
+size or in a decode step. Where the native library cannot
 run, the loader uses :mod:`runtime.quant_linear` instead.
 """
 
@@ -19,6 +21,16 @@ from torch import nn
 from runtime.native import KIND_Q4, KIND_Q8, QMatmulLibrary, QWeight
 
 QK = 32
+
+
+def kernel_order(qs: torch.Tensor, kind: int, inverse: bool = False) -> torch.Tensor:
+    """The quant bytes ``[N, kb * bytes a block]`` (kb a multiple of 4) in the kernel's order
+    (``runtime/native/qmatmul.c``), from the file's (``inverse``: back). Q4 keeps the file's;
+    Q8 stores each group of 4 blocks as weights 0..15 of every block, then weights 16..31."""
+    if kind == KIND_Q4:
+        return qs.contiguous()
+    shape = (qs.shape[0], -1, 2, 4, 16) if inverse else (qs.shape[0], -1, 4, 2, 16)
+    return qs.reshape(shape).transpose(2, 3).reshape(qs.shape).contiguous()
 
 
 class BlockLinear(nn.Module):
@@ -46,7 +58,8 @@ class BlockLinear(nn.Module):
                 return None if t is None else t.contiguous()
             return torch.cat([t, t.new_zeros(t.shape[0], pad * per_block)], dim=1).contiguous()
 
-        self.register_buffer("qs", padded(qs, bytes_per_block))   # Q4: uint8 [N, kb*16]; Q8: int8 [N, kb*32]
+        # Q4: uint8 [N, kb*16]; Q8: int8 [N, kb*32]; in kernel order
+        self.register_buffer("qs", kernel_order(padded(qs, bytes_per_block), kind))
         self.register_buffer("d", padded(d, 1))        # float16 [N, kb], kb = nb rounded up to 4s
         self.register_buffer("m", padded(m, 1))        # Q4_1: float16 [N, kb]
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())  # [N]
@@ -85,7 +98,7 @@ class BlockLinear(nn.Module):
     def _q(self, rows: torch.Tensor | slice) -> torch.Tensor:
         """Quant values of ``rows`` as float32 ``[r, K/32, 32]`` (Q4: 0..15, Q8: signed)."""
         nb = self.in_features // QK
-        qs = self.qs[rows]
+        qs = kernel_order(self.qs[rows], self.kind, inverse=True)
         if self.kind == KIND_Q8:
             return qs.float().view(qs.shape[0], -1, QK)[:, :nb]
         b = qs.view(qs.shape[0], -1, QK // 2)[:, :nb]

@@ -33,20 +33,14 @@ def decoded(raw: np.ndarray, qtype: str) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])).double()
 
 
-def quantized_activations(x: torch.Tensor, residual: bool = True) -> torch.Tensor:
-    """What the kernel multiplies: per 32 values q = round(x * 127 / amax), d = amax / 127,
-    q2 = round((x - q d) * 254 / d), x ~ fl32(d / 254) (254 q + q2). Without ``residual``:
-    x ~ q d (llama.cpp's 8-bit activations, for comparison)."""
+def quantized_activations(x: torch.Tensor, qmax: int = 32767) -> torch.Tensor:
+    """What the kernel multiplies: per 32 values q = round(x * (qmax / amax)) in float32,
+    x ~ q * fl32(amax / qmax). qmax 32767: the kernel's int16; 127: llama.cpp's 8-bit
+    activations, for comparison."""
     b = x.view(x.shape[0], -1, 32)
     amax = b.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    q = torch.round(b * inv)
-    d = amax / 127
-    if not residual:
-        return (q.double() * d.double()).view_as(x)
-    r = (b.double() - q.double() * d.double()).float()          # one rounding, as the fma
-    q2 = torch.round(r * (inv * 254)).clamp(-128, 127)
-    return ((d / 254).double() * (254 * q.double() + q2.double())).view_as(x)
+    inv = torch.where(amax > 0, qmax / amax, torch.zeros_like(amax))
+    return (torch.round(b * inv).double() * (amax / qmax).double()).view_as(x)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
@@ -65,8 +59,8 @@ def test_matches_float64_reference_of_the_file_blocks(lib, qtype, N, K):
         assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
         full = x.double() @ w.T + torch.arange(N).double()
         err = ((y.double() - full).norm() / full.norm()).item()
-        coarse = quantized_activations(x, residual=False) @ w.T + torch.arange(N).double()
-        assert err < 2e-4 < ((coarse - full).norm() / full.norm()).item(), err  # ~16 vs 8 bits
+        coarse = quantized_activations(x, 127) @ w.T + torch.arange(N).double()
+        assert err < 2e-4 < ((coarse - full).norm() / full.norm()).item(), err  # 16 vs 8 bits
     assert lin(torch.randn(2, K, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
