@@ -37,9 +37,12 @@ def rel(a, b):
     return ((a.double() - b).norm() / b.norm()).item()
 
 
-def test_extend_groups_match_the_reference():
+@pytest.mark.parametrize("causal_block", [128, 3])
+def test_extend_groups_match_the_reference(monkeypatch, causal_block):
     """Two groups sharing 3 and 5 cached pages (members of different new/own lengths, so
-    several buckets), a sequence sharing pages with none, a fresh one and two decodes."""
+    several buckets), a sequence sharing pages with none, a fresh one and two decodes; the
+    ungrouped ones in one causal block or in blocks of 3 queries."""
+    monkeypatch.setattr(cascade, "CAUSAL_BLOCK", causal_block)
     rng = random.Random(1)
     free = list(range(20, 96))
     rng.shuffle(free)

@@ -10,27 +10,19 @@
 * Steps with longer extends: sequences whose cached prefixes begin with the same pages (n
   requests with one system prompt) attend to those pages once for the whole group, merged
   with each one's own part (:mod:`runtime.attention.cascade`); any other sequence runs alone,
-  through the causal SDPA kernel without a cached prefix, with an explicit mask after one.
+  in causal blocks of queries (``causal_attend``).
 All K/V reads go through ``KVPool.gather`` (which dequantizes quantized pools).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from runtime.attention.cascade import attend_lse, extend_group, extend_plan, kv_of, merge_lse
+from runtime.attention.cascade import (attend_lse, causal_attend, extend_group, extend_plan,
+                                      kv_of, merge_lse)
 from runtime.attention.decode_plan import DecodePlan, decode_plan
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
-
-def gather_context(pool: KVPool, layer: int, which: int, pages: torch.Tensor,
-                   length: int) -> torch.Tensor:
-    """K (``which=0``) or V (``which=1``) of one sequence as a contiguous ``[length, H, D]``
-    tensor in the compute dtype. pages: [>= ceil(length/S)] page ids."""
-    S = pool.page_size
-    n = (length + S - 1) // S
-    return pool.gather(layer, which, pages[:n]).flatten(0, 1)[:length]
 
 
 class TorchAttentionBackend:
@@ -68,20 +60,9 @@ class TorchAttentionBackend:
             extend_group(q, out, pool, layer, g, scale)
         grouped = {b for g in groups for b in g.rows}
         for b in (b for b in rest if b not in grouped):
-            seq_len, p0 = seq_lens[b], batch.prefix_lens_list[b]
-            s, e = starts[b], starts[b + 1]
-            k = gather_context(pool, layer, 0, batch.page_table[b], seq_len).to(q.dtype)
-            v = gather_context(pool, layer, 1, batch.page_table[b], seq_len).to(q.dtype)
-            if p0 == 0:
-                mask, causal = None, True
-            else:
-                qpos = torch.arange(p0, seq_len, device=q.device).unsqueeze(1)  # [n, 1]
-                mask, causal = torch.arange(seq_len, device=q.device)[None, :] <= qpos, False  # [n, L]
-            o = F.scaled_dot_product_attention(
-                q[s:e].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
-            )                                                    # [Hq, n, D]
-            out[s:e] = o.transpose(0, 1)
+            seq_len, s, e = seq_lens[b], starts[b], starts[b + 1]
+            k, v = kv_of(pool, layer, batch.page_table[b], seq_len, q.dtype)   # [L, Hkv, D]
+            out[s:e] = causal_attend(q[s:e], k, v, batch.prefix_lens_list[b], scale)
         return out
 
     @staticmethod
