@@ -2,8 +2,8 @@
 
 Q4_0 / Q4_1 / Q8_0 weights keep their 32-weight blocks: the quant bytes (``qs``) and the fp16
 scale ``d`` (and Q4_1's fp16 min ``m``) of every block, exactly the file's values; the memory
-is the file's, plus zero blocks that pad each row to a multiple of 4 blocks (the kernel reads
-4 at a time; none for rows of 128k weights). The file's bytes are split into these tensors by
+is the file's, plus a zero block that pads a row of an odd number of blocks (the kernel reads
+4 blocks at a time, the last 2 if the count is not a multiple of 4). The file's bytes are split into these tensors by
 :func:`runtime.gguf_weights.block_linear`; the quant bytes of each group of 4 blocks are
 then permuted into the kernel's order (``runtime/native/qmatmul.c``; :func:`kernel_order`).
 ``forward`` calls :mod:`runtime.native` (activations as int16 with a step per 32-value block;
@@ -24,13 +24,19 @@ QK = 32
 
 
 def kernel_order(qs: torch.Tensor, kind: int, inverse: bool = False) -> torch.Tensor:
-    """The quant bytes ``[N, kb * bytes a block]`` (kb a multiple of 4) in the kernel's order
+    """The quant bytes ``[N, kb * bytes a block]`` (kb even) in the kernel's order
     (``runtime/native/qmatmul.c``), from the file's (``inverse``: back). Q4 keeps the file's;
-    Q8 stores each group of 4 blocks as weights 0..15 of every block, then weights 16..31."""
+    Q8 stores each group of 4 blocks (the last 2 when kb % 4 == 2) as weights 0..15 of every
+    block, then weights 16..31."""
     if kind == KIND_Q4:
         return qs.contiguous()
-    shape = (qs.shape[0], -1, 2, 4, 16) if inverse else (qs.shape[0], -1, 4, 2, 16)
-    return qs.reshape(shape).transpose(2, 3).reshape(qs.shape).contiguous()
+    full = qs.shape[1] // (4 * QK) * (4 * QK)                 # bytes in groups of 4 blocks
+
+    def permute(part: torch.Tensor, blocks: int) -> torch.Tensor:
+        shape = (part.shape[0], -1, 2, blocks, 16) if inverse else (part.shape[0], -1, blocks, 2, 16)
+        return part.reshape(shape).transpose(2, 3).reshape(part.shape)
+
+    return torch.cat([permute(qs[:, :full], 4), permute(qs[:, full:], 2)], dim=1).contiguous()
 
 
 class BlockLinear(nn.Module):
@@ -50,7 +56,7 @@ class BlockLinear(nn.Module):
         self.lib, self.kind = lib, kind
         self.in_features, self.out_features = in_features, out_features
         nb = in_features // QK
-        pad = -nb % 4                                  # zero blocks: exact zeros in every sum
+        pad = nb % 2                                   # a zero block: exact zeros in every sum
         bytes_per_block = QK // 2 if kind == KIND_Q4 else QK
 
         def padded(t: torch.Tensor | None, per_block: int) -> torch.Tensor | None:
@@ -60,7 +66,7 @@ class BlockLinear(nn.Module):
 
         # Q4: uint8 [N, kb*16]; Q8: int8 [N, kb*32]; in kernel order
         self.register_buffer("qs", kernel_order(padded(qs, bytes_per_block), kind))
-        self.register_buffer("d", padded(d, 1))        # float16 [N, kb], kb = nb rounded up to 4s
+        self.register_buffer("d", padded(d, 1))        # float16 [N, kb], kb = nb rounded up to even
         self.register_buffer("m", padded(m, 1))        # Q4_1: float16 [N, kb]
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())  # [N]
         self._qweight: tuple[tuple[int, ...], QWeight] | None = None

@@ -44,7 +44,7 @@ def quantized_activations(x: torch.Tensor, qmax: int = 32767) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("N,K", [(960, 576), (33, 96), (5, 32), (130, 1536)])
+@pytest.mark.parametrize("N,K", [(960, 576), (33, 96), (5, 32), (7, 160), (130, 1536)])
 def test_matches_float64_reference_of_the_file_blocks(lib, qtype, N, K):
     torch.manual_seed(N + K)
     raw = gguf_rows(torch.randn(N, K).numpy(), qtype)

@@ -48,7 +48,7 @@ class QWeight(ctypes.Structure):
     @classmethod
     def of(cls, kind: int, k: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
            bias: torch.Tensor | None) -> "QWeight":
-        """k: in features; rows of ``kb`` blocks (a multiple of 4, zero-padded): qs Q4 uint8
+        """k: in features; rows of ``kb`` blocks (even, zero-padded): qs Q4 uint8
         ``[N, kb*16]`` / Q8 int8 ``[N, kb*32]``; d, m float16 ``[N, kb]`` (m: Q4_1 only);
         bias float32 ``[N]``; all contiguous."""
         n, kb = d.shape

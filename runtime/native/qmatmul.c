@@ -1,13 +1,14 @@
 /* Matmuls over GGUF-style quantized blocks, for x86-64 with AVX-512 VNNI.
  *
  * y[m, n] = sum_k x[m, k] * w[n, k], with w kept as 32-weight blocks, every weight row of kb
- * blocks (kb a multiple of 4; padding blocks are zero quants and scales, so they add exact
- * zeros), read a group of 4 blocks (128 weights) at a time as two 64-byte vectors, A (weights
- * 0..15 of blocks 0..3, block b at bytes 16b..16b+15) and B (weights 16..31):
+ * blocks (kb even; a padding block is zero quants and scales, so it adds exact zeros), read a
+ * group of 4 blocks (128 weights) at a time as two 64-byte vectors, A (weights 0..15 of blocks
+ * 0..3, block b at bytes 16b..16b+15) and B (weights 16..31); when kb % 4 == 2 the last group
+ * has 2 blocks, read as 256-bit halves (a 576-wide row: 18 blocks, not 20):
  *   Q4 (Q4_0, Q4_1): w = q * d + mn, q in 0..15, the file's 64 bytes: A in the low nibbles,
  *        B in the high ones (Q4_1: mn = m; Q4_0: mn = -8 d)
- *   Q8 (Q8_0):       w = q * d, 128 int8: A then B (block_linear.py permutes the file's
- *        bytes into this order at load)
+ *   Q8 (Q8_0):       w = q * d, 128 int8 (64 in a half group): A then B (block_linear.py
+ *        permutes the file's bytes into this order at load)
  * d, m: float16 bits, one a block, as in the file.
  *
  * Each input row is first quantized to 16 bits, a step a block (d = max|x| / 32767,
@@ -46,15 +47,16 @@ static inline __m512i split16(__m512 v, float id, int8_t *h, uint8_t *l)
     return q;
 }
 
-/* Row x's nb blocks into kb / 4 groups of GB bytes at a: planes hA hB lA lB (block b of a
- * group at 16b of each) and Q8's correction -128 * (the sum of h over each int32 lane's 8
- * bytes), int32 x 16; each block's step spread over its 4 lanes at xd (16 floats a group) and
- * the step times the block's sum of q at xs (Q4's minimum term). Padding blocks: zero. */
-static void quantize_row(const float *x, int64_t nb, int64_t kb, uint8_t *a, float *xd,
+/* Row x's nb blocks into kg = ceil(kb / 4) groups of GB bytes at a: planes hA hB lA lB
+ * (block b of a group at 16b of each) and Q8's correction -128 * (the sum of h over each int32
+ * lane's 8 bytes), int32 x 16; each block's step spread over its 4 lanes at xd (16 floats a
+ * group) and the step times the block's sum of q at xs (Q4's minimum term; 4 a group). Blocks
+ * from nb to 4 kg: zero. */
+static void quantize_row(const float *x, int64_t nb, int64_t kg, uint8_t *a, float *xd,
                          float *xs)
 {
-    if (nb < kb)
-        memset(a, 0, (size_t)(kb / 4 * GB));
+    if (nb < 4 * kg)
+        memset(a, 0, (size_t)(kg * GB));
     for (int64_t b = 0; b < nb; b++) {
         __m512 v0 = _mm512_loadu_ps(x + b * QK), v1 = _mm512_loadu_ps(x + b * QK + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
@@ -66,12 +68,12 @@ static void quantize_row(const float *x, int64_t nb, int64_t kb, uint8_t *a, flo
         sd[0] = sd[1] = sd[2] = sd[3] = d;
         xs[b] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
-    for (int64_t b = nb; b < kb; b++) {
+    for (int64_t b = nb; b < 4 * kg; b++) {
         float *sd = xd + (b / 4) * 16 + (b % 4) * 4;
         sd[0] = sd[1] = sd[2] = sd[3] = xs[b] = 0.0f;
     }
     const __m512i ones = _mm512_set1_epi8(1);
-    for (int64_t g = 0; g < kb / 4; g++) {
+    for (int64_t g = 0; g < kg; g++) {
         uint8_t *p = a + g * GB;
         __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(p));
         s = _mm512_dpbusd_epi32(s, ones, _mm512_loadu_si512(p + 64));
@@ -98,11 +100,40 @@ static inline __m512i products_q8(__m512i wa, __m512i wb, __m512i ua, __m512i ub
     return _mm512_dpbusd_epi32(p, _mm512_loadu_si512(a + 192), wb);
 }
 
+/* products_q4 and products_q8 of a half group (2 blocks, lanes 4b..4b+3 of 8) */
+static inline __m256i products_q4_half(__m256i wa, __m256i wb, const uint8_t *a)
+{
+    __m256i ph = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, _mm256_loadu_si256((const __m256i *)a));
+    ph = _mm256_dpbusd_epi32(ph, wb, _mm256_loadu_si256((const __m256i *)(a + 64)));
+    __m256i p = _mm256_dpbusd_epi32(_mm256_slli_epi32(ph, 8),
+                                    _mm256_loadu_si256((const __m256i *)(a + 128)), wa);
+    return _mm256_dpbusd_epi32(p, _mm256_loadu_si256((const __m256i *)(a + 192)), wb);
+}
+
+static inline __m256i products_q8_half(__m256i wa, __m256i wb, __m256i ua, __m256i ub,
+                                       const uint8_t *a)
+{
+    __m256i ph = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(a + 256)), ua,
+                                     _mm256_loadu_si256((const __m256i *)a));
+    ph = _mm256_dpbusd_epi32(ph, ub, _mm256_loadu_si256((const __m256i *)(a + 64)));
+    __m256i p = _mm256_dpbusd_epi32(_mm256_slli_epi32(ph, 8),
+                                    _mm256_loadu_si256((const __m256i *)(a + 128)), wa);
+    return _mm256_dpbusd_epi32(p, _mm256_loadu_si256((const __m256i *)(a + 192)), wb);
+}
+
 static inline __m512 half4(const uint16_t *h)   /* 4 float16 → [h0 x4, h1 x4, h2 x4, h3 x4] */
 {
     const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     __m128 v = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)h));
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+}
+
+static inline __m256 half2(const uint16_t *h)  /* 2 float16 → [h0 x4, h1 x4] */
+{
+    const __m256i idx = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);
+    int32_t two;
+    memcpy(&two, h, sizeof two);
+    return _mm256_permutexvar_ps(idx, _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two))));
 }
 
 /* the lanes of acc, plus the Q4 minimum term sum_b mn[b] * xs[b] (16 blocks at a time) */
@@ -120,8 +151,8 @@ static inline float finish_q4(__m512 acc, const uint16_t *wd, const uint16_t *wm
     return _mm512_reduce_add_ps(acc) + _mm512_reduce_add_ps(t);
 }
 
-/* The quantized activations of a call: row r's groups at q + r * kb / 4 * GB, its spread
- * steps at xd + r * kb * 4, its block sums at xs + r * kb. */
+/* The quantized activations of a call: row r's kg groups at q + r * kg * GB, its spread
+ * steps at xd + r * kg * 16, its block sums at xs + r * kg * 4. */
 typedef struct {
     const uint8_t *q;
     const float *xd, *xs;
@@ -133,7 +164,7 @@ static inline __attribute__((always_inline)) void
 tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n, int nr,
      float out[MR][NR])
 {
-    const int64_t kb = w->kb, arow = kb / 4 * GB;
+    const int64_t kb = w->kb, kg = (kb + 3) / 4, arow = kg * GB;
     const __m512i lo4 = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8((char)0x80);
     __m512 acc[MR][NR];
     for (int i = 0; i < mr; i++)
@@ -157,15 +188,41 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
             for (int i = 0; i < mr; i++) {
                 const uint8_t *x = a->q + (m + i) * arow + g * GB;
                 __m512i p = kind == 4 ? products_q4(wa, wb, x) : products_q8(wa, wb, ua, ub, x);
-                __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(a->xd + (m + i) * kb * 4 + g * 16));
+                __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(a->xd + (m + i) * kg * 16 + g * 16));
                 acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[i][j]);
+            }
+        }
+    if (kb % 4)                                                   /* the half group */
+        for (int j = 0; j < nr; j++) {
+            const int64_t g = kb / 4;
+            const __m256i lo4h = _mm512_castsi512_si256(lo4), signh = _mm512_castsi512_si256(sign);
+            __m256i wa, wb, ua = _mm256_setzero_si256(), ub = ua;
+            if (kind == 4) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)((const uint8_t *)w->qs + (n + j) * kb * 16 + g * 64));
+                wa = _mm256_and_si256(v, lo4h);
+                wb = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4h);
+            } else {
+                const int8_t *p = (const int8_t *)w->qs + (n + j) * kb * QK + g * 128;
+                wa = _mm256_loadu_si256((const __m256i *)p);
+                wb = _mm256_loadu_si256((const __m256i *)(p + 32));
+                ua = _mm256_xor_si256(wa, signh);
+                ub = _mm256_xor_si256(wb, signh);
+            }
+            __m256 ws = half2(w->d + (n + j) * kb + g * 4);
+            for (int i = 0; i < mr; i++) {
+                const uint8_t *x = a->q + (m + i) * arow + g * GB;
+                __m256i p = kind == 4 ? products_q4_half(wa, wb, x)
+                                      : products_q8_half(wa, wb, ua, ub, x);
+                __m256 sc = _mm256_mul_ps(ws, _mm256_loadu_ps(a->xd + (m + i) * kg * 16 + g * 16));
+                acc[i][j] = _mm512_fmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(p)),
+                                            _mm512_zextps256_ps512(sc), acc[i][j]);
             }
         }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++)
             out[i][j] = kind == 4
                 ? finish_q4(acc[i][j], w->d + (n + j) * kb, w->m ? w->m + (n + j) * kb : NULL,
-                            a->xs + (m + i) * kb, kb)
+                            a->xs + (m + i) * kg * 4, kb)
                 : _mm512_reduce_add_ps(acc[i][j]);
 }
 
@@ -202,15 +259,15 @@ static void run_tile(const agl_qweight *w, const qact *a, int64_t m, int mr, int
 int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accumulate,
             int nthreads)
 {
-    const int64_t K = w->k, N = w->n, nb = K / QK, kb = w->kb;
-    uint8_t *q = malloc((size_t)(M * kb / 4 * GB));
-    float *xd = malloc(sizeof(float) * (size_t)(M * kb) * 5);   /* 4 spread steps + 1 sum */
+    const int64_t K = w->k, N = w->n, nb = K / QK, kg = (w->kb + 3) / 4;
+    uint8_t *q = malloc((size_t)(M * kg * GB));
+    float *xd = malloc(sizeof(float) * (size_t)(M * kg) * 20);   /* 16 spread steps + 4 sums */
     if (!q || !xd) { free(q); free(xd); return -1; }
-    float *xs = xd + M * kb * 4;
+    float *xs = xd + M * kg * 16;
     const qact act = {q, xd, xs}, *a = &act;
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * N * K > 65536)
     for (int64_t m = 0; m < M; m++)
-        quantize_row(x + m * K, nb, kb, q + m * kb / 4 * GB, xd + m * kb * 4, xs + m * kb);
+        quantize_row(x + m * K, nb, kg, q + m * kg * GB, xd + m * kg * 16, xs + m * kg * 4);
     const int64_t tiles = (N + TILE_N - 1) / TILE_N;
     /* Q8 under MR rows: one weight row at a time (4 interleaved 128-byte streams measured
      * 1.8x slower at batch 1: the prefetcher loses them); Q4 rows gain from 4 at once */

@@ -7,7 +7,7 @@
 typedef struct {
     int32_t kind;               /* 4: Q4_0/Q4_1, 8: Q8_0 */
     int64_t n, k;               /* out and in features; k % 32 == 0 */
-    int64_t kb;                 /* blocks a stored row: k / 32 rounded up to a multiple of 4 */
+    int64_t kb;                 /* blocks a stored row: k / 32 rounded up to even */
     const void *qs;             /* Q4: uint8 [n, kb * 16]; Q8: int8 [n, kb * 32] */
     const uint16_t *d, *m;      /* float16 [n, kb]; m: Q4_1 only, else NULL */
     const float *bias;
