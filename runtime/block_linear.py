@@ -3,14 +3,14 @@
 Q4_0 / Q4_1 / Q8_0 weights keep their 32-weight blocks: the quant bytes (``qs``) and the fp16
 scale ``d`` (and Q4_1's fp16 min ``m``) of every block, exactly the file's values; the memory
 is the file's, plus a zero block that pads a row of an odd number of blocks (the kernel reads
-4 blocks at a time, the last 2 if the count is not a multiple of 4). The file's bytes are split into these tensors by
-:func:`runtime.gguf_weights.block_linear`; the quant bytes of each group of 4 blocks are
-then permuted into the kernel's order (``runtime/native/qmatmul.c``; :func:`kernel_order`).
-``forward`` calls :mod:`runtime.native` (activations as int16 with a step per 32-value block;
-integer dot products per block, float32 accumulation); each output row depends only on its
-own input row, so a token's logits are the same alone, batched, in a prefill chunk of any
-size or in a decode step. Where the native library cannot
-run, the loader uses :mod:`runtime.quant_linear` instead.
+4 blocks at a time, the last 2 if the count is not a multiple of 4). The file's bytes are
+split into these tensors by :func:`runtime.gguf_weights.block_linear`; Q8_0's quant bytes are
+then permuted into the kernel's order (:func:`kernel_order`, ``runtime/native/qmatmul.c``).
+``forward`` calls :mod:`runtime.native` (activations quantized to 16 bits with a step per
+32-value block; exact integer dot products per block, float32 accumulation); each output row
+depends only on its own input row, so a token's logits are the same alone, batched, in a
+prefill chunk of any size or in a decode step. Where the native library cannot run, the loader
+uses :mod:`runtime.quant_linear` instead.
 """
 
 from __future__ import annotations

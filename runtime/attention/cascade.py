@@ -29,8 +29,9 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
     q: [..., H, R, D] (the R query rows of each KV head: its G query heads × tokens);
     k, v: [..., L, H, D] as gathered from the pool; bias: additive (0 / -inf), broadcastable to
-    [..., H, R, L], or None; no row may be masked entirely. Scores, softmax and lse in float32.
-    Returns out [..., H, R, D] in v's dtype and lse [..., H, R] float32.
+    [..., H, R, L], or None; no row may be masked entirely. The scores' matmul runs in q's
+    dtype; scale, softmax and lse in float32. Returns out [..., H, R, D] in v's dtype and
+    lse [..., H, R] float32.
     """
     s = torch.matmul(q, k.movedim(-3, -1))                               # [..., H, R, L]
     s = s.float() if s.dtype != torch.float32 else s
@@ -43,6 +44,14 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     p = p.div_(z)
     out = torch.matmul(p if p.dtype == v.dtype else p.to(v.dtype), v.movedim(-3, -2))
     return out, (m + z.log_()).squeeze(-1)
+
+
+def causal_bias(first: int, n: int, keys: int, group: int) -> torch.Tensor:
+    """Additive mask [n * group, keys] (rows in (token, head) order): query token t, at key
+    position ``first + t``, sees keys ``0..first + t``."""
+    qpos = torch.arange(first, first + n)[:, None]                                # [n, 1]
+    bias = torch.zeros(n, keys).masked_fill_(torch.arange(keys)[None, :] > qpos, float("-inf"))
+    return bias[:, None, :].expand(n, group, keys).reshape(n * group, keys)
 
 
 def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float
@@ -61,11 +70,8 @@ def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
         e = min(n, s + CAUSAL_BLOCK)
         keys = start + e                                             # L: keys this block sees
         qb = q[s:e].view(e - s, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, (e - s) * G, D)
-        qpos = torch.arange(start + s, start + e)[:, None]                       # [b, 1]
-        bias = torch.zeros(e - s, keys).masked_fill_(torch.arange(keys)[None, :] > qpos,
-                                                     float("-inf"))
-        bias = bias[:, None, :].expand(e - s, G, keys).reshape((e - s) * G, keys)
-        o, _ = attend_lse(qb, k[:keys], v[:keys], scale, bias)                   # [Hkv, b*G, D]
+        o, _ = attend_lse(qb, k[:keys], v[:keys], scale,
+                          causal_bias(start + s, e - s, keys, G))                # [Hkv, b*G, D]
         out[s:e] = o.view(Hkv, e - s, G, D).permute(1, 0, 2, 3).reshape(e - s, Hq, D)
     return out
 
@@ -117,11 +123,8 @@ def extend_plan(page_table: torch.Tensor, starts: list[int], seq_lens: list[int]
             n_pages = (own + page_size - 1) // page_size
             tokens = torch.tensor([starts[rows[i]] for i in idx])[:, None] + torch.arange(n)
             pages = table[idx, n_shared:n_shared + n_pages]
-            qpos = torch.arange(own - n, own)[:, None]                              # [n, 1]
-            bias = torch.zeros(n, own).masked_fill_(torch.arange(own)[None, :] > qpos,
-                                                    float("-inf"))
-            bias = bias[:, None, :].expand(n, group_size, own).reshape(n * group_size, own)
-            buckets.append(OwnBucket(tokens, pages.contiguous(), own, bias))
+            buckets.append(OwnBucket(tokens, pages.contiguous(), own,
+                                     causal_bias(own - n, n, own, group_size)))
         plans.append(ExtendGroup([rows[i] for i in members], table[members[0], :n_shared],
                                  tuple(buckets)))
     return tuple(plans)
