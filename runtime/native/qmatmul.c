@@ -265,7 +265,7 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
     if (!q || !xd) { free(q); free(xd); return -1; }
     float *xs = xd + M * kg * 16;
     const qact act = {q, xd, xs}, *a = &act;
-    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * N * K > 65536)
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1 && M * N * K > 65536)
     for (int64_t m = 0; m < M; m++)
         quantize_row(x + m * K, nb, kg, q + m * kg * GB, xd + m * kg * 16, xs + m * kg * 4);
     const int64_t tiles = (N + TILE_N - 1) / TILE_N;
