@@ -76,6 +76,17 @@ def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
     return out
 
 
+def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's queries against one shared K/V, as one matmul per KV head.
+
+    q: [M, Hkv, R, D] (M sequences, R query rows each a KV head); k, v: [L, Hkv, D].
+    Returns out [M, Hkv, R, D] and lse [M, Hkv, R], as :func:`attend_lse` per sequence."""
+    M, Hkv, R, D = q.shape
+    o, lse = attend_lse(q.transpose(0, 1).reshape(Hkv, M * R, D), k, v, scale)
+    return o.view(Hkv, M, R, D).transpose(0, 1), lse.view(Hkv, M, R).transpose(0, 1)
+
+
 def merge_lse(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor
               ) -> torch.Tensor:
     """The attention over both key sets from each one's (out [..., D], lse [...]); in o1's dtype."""
@@ -157,10 +168,6 @@ def extend_group(q: torch.Tensor, out: torch.Tensor, pool, layer: int, group: Ex
             qb = qb.reshape(mc, Hkv, n * G, D)                            # rows in (token, head) order
             o_own, l_own = attend_lse(qb, *kv_of(pool, layer, bk.pages[c:c + per], bk.length,
                                                  q.dtype), scale, bk.bias)
-            qs = qb.transpose(0, 1).reshape(Hkv, mc * n * G, D)
-            o_sh, l_sh = attend_lse(qs, ks, vs, scale)                    # [Hkv, mc*n*G, D]
-            o_sh = o_sh.view(Hkv, mc, n * G, D).transpose(0, 1)
-            l_sh = l_sh.view(Hkv, mc, n * G).transpose(0, 1)
-            o = merge_lse(o_own, l_own, o_sh, l_sh)                       # [mc, Hkv, n*G, D]
+            o = merge_lse(o_own, l_own, *attend_shared(qb, ks, vs, scale))  # [mc, Hkv, n*G, D]
             out[tokens.reshape(-1)] = o.view(mc, Hkv, n, G, D).transpose(1, 2).reshape(
                 mc * n, Hq, D)

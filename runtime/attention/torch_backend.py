@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.attention.cascade import (attend_lse, causal_attend, extend_group, extend_plan,
-                                      kv_of, merge_lse)
+from runtime.attention.cascade import (attend_lse, attend_shared, causal_attend, extend_group,
+                                      extend_plan, kv_of, merge_lse)
 from runtime.attention.decode_plan import DecodePlan, decode_plan
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
@@ -94,12 +94,8 @@ class TorchAttentionBackend:
                 lse[rows] = l
         for g in plan.groups:
             kp, vp = kv(g.pages, g.pages.numel() * pool.page_size)       # [n*S, Hkv, D]
-            M, G = g.rows.numel(), Hq // Hkv
-            qp = qg[g.rows].transpose(0, 1).reshape(1, Hkv, M * G, D)
-            op, lp = attend_lse(qp, kp[None], vp[None], scale)
-            op = op.view(Hkv, M, G, D).transpose(0, 1)                   # [M, Hkv, G, D]
-            lp = lp.view(Hkv, M, G).transpose(0, 1)                      # [M, Hkv, G]
-            out[g.rows] = merge_lse(out[g.rows], lse[g.rows], op, lp)
+            out[g.rows] = merge_lse(out[g.rows], lse[g.rows],
+                                    *attend_shared(qg[g.rows], kp, vp, scale))
         return out.reshape(B, Hq, D)
 
     def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:
