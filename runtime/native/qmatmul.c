@@ -37,6 +37,7 @@
 #define TILE_N 16   /* output columns a task step: their weights stay in L1 across the rows */
 #define CHUNK_M 64  /* activation rows a pass: they stay in L2 across a thread's columns */
 #define QMAX 32767.0f
+_Static_assert(MR * NR == 16, "a tile's outputs are the 16 lanes of hsum16");
 
 /* 16 values as 16-bit q: high bytes at h, low bytes at l; returns q as int32 */
 static inline __m512i split16(__m512 v, float id, int8_t *h, uint8_t *l)
@@ -136,19 +137,57 @@ static inline __m256 half2(const uint16_t *h)  /* 2 float16 → [h0 x4, h1 x4] *
     return _mm256_permutexvar_ps(idx, _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two))));
 }
 
-/* the lanes of acc, plus the Q4 minimum term sum_b mn[b] * xs[b] (16 blocks at a time) */
-static inline float finish_q4(__m512 acc, const uint16_t *wd, const uint16_t *wm,
-                              const float *xs, int64_t kb)
+/* The sum of v's 16 lanes in a fixed order: ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)),
+ * s_i = v_i + v_(i+8). hsum16 computes the same sums for 16 vectors at once. */
+static inline float hsum(__m512 v)
 {
-    __m512 t = _mm512_setzero_ps();
+    __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    __m128 t = _mm_add_ps(u, _mm_movehl_ps(u, u));                    /* u0 + u2, u1 + u3 */
+    return _mm_cvtss_f32(t) + _mm_cvtss_f32(_mm_movehdup_ps(t));
+}
+
+/* Lane 4 i + j of the result: hsum(v[4 j + i]) (the same operations, 16 sums at once). */
+static inline __m512 hsum16(const __m512 v[16])
+{
+    __m512 w[8], x[4], y[2];
+    for (int k = 0; k < 8; k++)            /* halves: v[2k] + its high half, v[2k+1] likewise */
+        w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+    for (int k = 0; k < 4; k++)            /* quarter q of x[k]: v[4k + q]'s u0..u3 */
+        x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0xDD));
+    for (int k = 0; k < 2; k++)            /* u0 + u2, u1 + u3 */
+        y[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[2 * k]),
+                                                                 _mm512_castps_pd(x[2 * k + 1]))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[2 * k]),
+                                                                 _mm512_castps_pd(x[2 * k + 1]))));
+    return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+}
+
+/* The Q4 minimum term of outputs (i, j), as lanes: sum over blocks b of mn[j][b] * xs[i][b]
+ * (mn = m, or -8 d for Q4_0), 16 blocks a vector, into t[i][j]. */
+static inline __attribute__((always_inline)) void
+min_terms(const agl_qweight *w, const float *xs, int64_t kg, int64_t m, int mr, int64_t n,
+          int nr, __m512 t[MR][NR])
+{
+    const int64_t kb = w->kb;
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++)
+            t[i][j] = _mm512_setzero_ps();
     for (int64_t c = 0; c < kb; c += 16) {
         __mmask16 k = kb - c >= 16 ? 0xFFFF : (__mmask16)((1u << (kb - c)) - 1);
-        __m512 mn = wm ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, wm + c))
-                       : _mm512_mul_ps(_mm512_set1_ps(-8.0f),
-                                       _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, wd + c)));
-        t = _mm512_fmadd_ps(mn, _mm512_maskz_loadu_ps(k, xs + c), t);
+        __m512 mn[NR], x[MR];
+        for (int j = 0; j < nr; j++)
+            mn[j] = w->m ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, w->m + (n + j) * kb + c))
+                         : _mm512_mul_ps(_mm512_set1_ps(-8.0f), _mm512_cvtph_ps(
+                               _mm256_maskz_loadu_epi16(k, w->d + (n + j) * kb + c)));
+        for (int i = 0; i < mr; i++)
+            x[i] = _mm512_maskz_loadu_ps(k, xs + (m + i) * kg * 4 + c);
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++)
+                t[i][j] = _mm512_fmadd_ps(mn[j], x[i], t[i][j]);
     }
-    return _mm512_reduce_add_ps(acc) + _mm512_reduce_add_ps(t);
 }
 
 /* The quantized activations of a call: row r's kg groups at q + r * kg * GB, its spread
@@ -218,12 +257,26 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
                                             _mm512_zextps256_ps512(sc), acc[i][j]);
             }
         }
+    __m512 t[MR][NR];                      /* Q4: the minimum term of each output */
+    if (kind == 4)
+        min_terms(w, a->xs, kg, m, mr, n, nr, t);
+    if (mr == 1 && nr == 1) {
+        out[0][0] = kind == 4 ? hsum(acc[0][0]) + hsum(t[0][0]) : hsum(acc[0][0]);
+        return;
+    }
+    __m512 v[16], u[16];                   /* output (i, j) at 4 j + i: lane 4 i + j of hsum16 */
+    for (int o = 0; o < 16; o++)
+        v[o] = u[o] = _mm512_setzero_ps();
     for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++)
-            out[i][j] = kind == 4
-                ? finish_q4(acc[i][j], w->d + (n + j) * kb, w->m ? w->m + (n + j) * kb : NULL,
-                            a->xs + (m + i) * kg * 4, kb)
-                : _mm512_reduce_add_ps(acc[i][j]);
+        for (int j = 0; j < nr; j++) {
+            v[4 * j + i] = acc[i][j];
+            if (kind == 4)
+                u[4 * j + i] = t[i][j];
+        }
+    __m512 s = hsum16(v);
+    if (kind == 4)
+        s = _mm512_add_ps(s, hsum16(u));
+    _mm512_storeu_ps(&out[0][0], s);
 }
 
 static inline void store(const agl_qweight *w, float *y, int64_t m, int64_t n, float v,
