@@ -9,10 +9,11 @@ On the embedded SmolLM2-135M-Instruct Q4_1 GGUF (tensors kept quantized, ``weigh
   fp32 model's greedy continuation of 128 tokens, then every model is teacher-forced on
   prompt + continuation in one pass; at each of the 128 positions top-1 agreement with the fp32
   greedy token and KL(fp32 || model). Models: Q4_1 as shipped (int4), Q8_0 (the fp32 weights
-  re-quantized to a Q8_0 GGUF written here), each with the native kernels and with torch's, bf16
-  dense beside; the Q8_0 models also against their own file decoded to fp32.
+  re-quantized to a Q8_0 GGUF written here), each with the native kernels (float32 and bf16
+  compute) and with torch's, bf16 dense beside; the Q8_0 models also against their own file decoded to fp32.
 * **Greedy invariance on the quantized path**: the same prompts alone, batched, and with
-  chunked prefill (8-token chunks) — the share of identical greedy tokens.
+  chunked prefill (8-token chunks) — the share of identical greedy tokens; in float32 and in
+  bfloat16 (whose calls of 128 rows or more run as bf16 GEMMs: batch-shape dependent).
 
     .venv/bin/python bench/cpu_local.py            # writes bench/results/cpu_local.json
     .venv/bin/python bench/cpu_local.py --quick
@@ -131,6 +132,8 @@ def quality(gguf: Path, prompts: list[str], positions: int, workdir: Path) -> di
               "Q8_0 (native blocks)": lambda: load_gguf_model(q8, "auto", torch.float32),
               "Q8_0 (torch int8 per row)": lambda: load_gguf_model(q8, "auto", torch.float32,
                                                                    kernels="torch"),
+              "Q4_1 (native, bf16 compute)": lambda: load_gguf_model(gguf, "auto", torch.bfloat16),
+              "Q8_0 (native, bf16 compute)": lambda: load_gguf_model(q8, "auto", torch.bfloat16),
               "Q8_0 file decoded to fp32": lambda: load_gguf_model(q8, "dense", torch.float32),
               "bf16 dense": lambda: load_gguf_model(gguf, "dense", torch.bfloat16)}
     refs = [all_logits(ref, s, positions) for s in seqs]
@@ -167,14 +170,15 @@ def agreement(model, seqs: list[list[int]], refs: list[torch.Tensor], positions:
     return {"top1_agreement": agree / n, "mean_kl": kl / n}
 
 
-def invariance(gguf: Path, prompts: list[str], n_tokens: int) -> dict:
+def invariance(gguf: Path, prompts: list[str], n_tokens: int, dtype: str) -> dict:
     p = SamplingParams(max_tokens=n_tokens, temperature=0, ignore_eos=True)
-    eng = Engine(str(gguf), weights="auto", kv_budget_mb=128)
+    eng = Engine(str(gguf), weights="auto", dtype=dtype, kv_budget_mb=128)
     alone = [eng.generate(x, p).token_ids for x in prompts]
     warm = [eng.generate(x, p).token_ids for x in prompts]       # prompts now in the radix cache
     eng.flush_cache()
     batched = [o.token_ids for o in eng.generate(prompts, p)]
-    chunked_eng = Engine(str(gguf), weights="auto", kv_budget_mb=128, max_batch_tokens=8)
+    chunked_eng = Engine(str(gguf), weights="auto", dtype=dtype, kv_budget_mb=128,
+                         max_batch_tokens=8)
     chunked = [o.token_ids for o in chunked_eng.generate(prompts, p)]
 
     def share(a, b):
@@ -203,15 +207,16 @@ def main() -> None:
                       f"load average {os.getloadavg()[0]:.1f} at start (shared machine)",
            "model": gguf.name}
     if "speed" not in args.skip:
-        for dtype in ("float32", "bfloat16"):      # activations (matmuls run in bf16 either way)
+        for dtype in ("float32", "bfloat16"):      # compute dtype (bf16: prefill-sized matmuls as bf16 GEMMs)
             r = res[f"speed_{dtype}"] = speed(gguf, 3 if args.quick else 5, 64, 512, dtype)
             print(f"speed ({dtype} activations):", {k: v for k, v in r.items() if k != "rounds"})
     if "quality" not in args.skip:
         with tempfile.TemporaryDirectory() as d:
             res["quality"] = quality(gguf, prompts[:n_prompts], positions, Path(d))
     if "invariance" not in args.skip:
-        res["invariance"] = invariance(gguf, prompts[:8], 32 if args.quick else 64)
-        print("invariance:", res["invariance"])
+        for dtype, key in (("float32", "invariance"), ("bfloat16", "invariance_bfloat16")):
+            res[key] = invariance(gguf, prompts[:8], 32 if args.quick else 64, dtype)
+            print(f"invariance ({dtype}):", res[key])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
     print("wrote", args.out)

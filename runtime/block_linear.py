@@ -11,16 +11,24 @@ then permuted into the kernel's order (:func:`kernel_order`, ``runtime/native/qm
 depends only on its own input row, so a token's logits are the same alone, batched, in a
 prefill chunk of any size or in a decode step. Where the native library cannot run, the loader
 uses :mod:`runtime.quant_linear` instead.
+
+A model loaded with compute dtype bfloat16 trades that for speed on prefill-sized calls: from
+``bf16_gemm_rows`` rows on, a call dequantizes the weight to bfloat16 (transiently, natively)
+and runs one dense bf16 GEMM (oneDNN; on CPUs with AVX512-BF16 or AMX several times the
+integer kernel's rate at these sizes). Its rows are then rounded as bf16 matmuls round, and a
+token's result can differ (at bf16's precision) between a large call and a small one.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from runtime.native import KIND_Q4, KIND_Q8, QMatmulLibrary, QWeight
 
 QK = 32
+BF16_GEMM_ROWS = 128    # a bfloat16 model's calls from this many rows on: one dense bf16 GEMM
 
 
 def kernel_order(qs: torch.Tensor, kind: int, inverse: bool = False) -> torch.Tensor:
@@ -43,7 +51,7 @@ class BlockLinear(nn.Module):
     """``y = x @ W.T (+ b)``, ``W`` as GGUF blocks (module doc). ``forward`` takes ``x [T, K]``
     of any float dtype and returns ``[T, N]`` in that dtype (float32 is the native one)."""
 
-    input_dtype = torch.float32     # what the norms before it should hand over (no cast)
+    bf16_gemm_rows: int | None = None   # None: always the native kernel (module doc)
 
     def __init__(self, lib: QMatmulLibrary, kind: int, in_features: int, out_features: int,
                  qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
@@ -70,6 +78,12 @@ class BlockLinear(nn.Module):
         self.register_buffer("m", padded(m, 1))        # Q4_1: float16 [N, kb]
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())  # [N]
         self._qweight: tuple[tuple[int, ...], QWeight] | None = None
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """What the norms before it should hand over: float32 for the native kernel (no cast),
+        bfloat16 where large calls run as bf16 GEMMs (small ones take it exactly as float32)."""
+        return torch.float32 if self.bf16_gemm_rows is None else torch.bfloat16
 
     @property
     def qweight(self) -> QWeight:
@@ -125,6 +139,11 @@ class BlockLinear(nn.Module):
         return self.rows(slice(None)).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bf16_gemm_rows is not None and x.shape[0] >= self.bf16_gemm_rows:
+            w = self.lib.dequantize_bf16(self.qweight)                    # [N, K], this call only
+            bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+            y = F.linear(x.to(torch.bfloat16), w, bias)
+            return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
         xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         y = self.lib.matmul(self.qweight, xf)                                    # [T, N]
         return y if x.dtype == torch.float32 else y.to(x.dtype)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.block_linear import BlockLinear
+from runtime.block_linear import BF16_GEMM_ROWS, BlockLinear
 from runtime.gguf_file import KEPT_QUANTIZED, GgufFile
 from runtime.native import KIND_Q4, KIND_Q8, QMatmulLibrary, qmatmul_library
 from runtime.quant_linear import QuantLinear
@@ -145,7 +145,10 @@ class LinearBuilder:
         if self.quantize and qtype in KEPT_QUANTIZED:
             if self.native is not None:
                 self.report[qtype] = "native blocks"
-                return block_linear(self.native, [(r, qtype) for r in raws], bias)
+                lin = block_linear(self.native, [(r, qtype) for r in raws], bias)
+                if self.dtype == torch.bfloat16:     # prefill-sized calls as bf16 GEMMs
+                    lin.bf16_gemm_rows = BF16_GEMM_ROWS
+                return lin
             if qtype == "Q8_0":
                 self.report[qtype] = "int8 per row"
                 q, s = zip(*(_chunked(decode_int8_rows, r) for r in raws))

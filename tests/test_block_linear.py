@@ -80,6 +80,37 @@ def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("N,K", [(33, 96), (7, 160), (130, 1536)])
+def test_bf16_dequantization_is_the_exact_weight_rounded_to_nearest_even(lib, qtype, N, K):
+    torch.manual_seed(N * K)
+    lin = block_linear(lib, [(gguf_rows(torch.randn(N, K).numpy(), qtype), qtype)])
+    w = lib.dequantize_bf16(lin.qweight)
+    assert w.shape == (N, K) and w.dtype == torch.bfloat16
+    assert torch.equal(w, lin.dequantize().to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_calls_from_bf16_gemm_rows_on_run_one_bf16_gemm(lib, qtype):
+    N, K = 70, 160
+    raw = gguf_rows(torch.randn(N, K).numpy(), qtype)
+    lin = block_linear(lib, [(raw, qtype)], bias=torch.randn(N))
+    assert lin.input_dtype == torch.float32
+    small, large = torch.randn(3, K).bfloat16(), torch.randn(37, K).bfloat16()
+    native_small, native_large = lin(small), lin(large)
+    lin.bf16_gemm_rows = 4
+    assert lin.input_dtype == torch.bfloat16
+    assert torch.equal(lin(small), native_small)                 # under 4 rows: the native kernel
+    y = lin(large)
+    w = decoded(raw, qtype)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, torch.nn.functional.linear(large, w.bfloat16(), lin.bias.bfloat16()))
+    assert not torch.equal(y, native_large)
+    ref = large.double() @ w.T + lin.bias.double()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2    # bf16 rounding, no worse
+    assert lin(large.float()).dtype == torch.float32
+
+
 def test_fused_q4_0_and_q4_1_parts_and_embedding_rows(lib):
     a = gguf_rows(torch.randn(16, 64).numpy(), "Q4_0")
     b = gguf_rows(torch.randn(24, 64).numpy(), "Q4_1")

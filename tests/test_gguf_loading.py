@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from runtime.attention.torch_backend import TorchAttentionBackend
-from runtime.block_linear import BlockLinear
+from runtime.block_linear import BF16_GEMM_ROWS, BlockLinear
 from runtime.forward_batch import build_forward_batch
 from runtime.gguf_file import GgufError
 from runtime.kv_pool import KVLayout, KVPool
@@ -173,6 +173,21 @@ def test_matches_hf_gguf_loader(tmp_path, tokenizer_fields, qtype, arch, tied, k
         rel = ((q_out[i] - ref).norm() / ref.norm()).item()
         # bf16 matmuls (+ Q8_0's re-scale to one scale a row) or 8-bit activations (native)
         assert rel < (0.03 if qtype == "Q8_0" and cls is QuantLinear else 0.02), rel
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_a_bfloat16_model_runs_prefill_sized_calls_as_bf16_gemms(tmp_path, tokenizer_fields, qtype):
+    if quant_class("auto") is not BlockLinear:
+        pytest.skip("native kernels unavailable here")
+    path = write_gguf(tmp_path / f"m.{qtype}.gguf", tokenizer_fields, qtype)
+    model = load_gguf_model(path, "auto", torch.bfloat16)
+    lin = model.layers[0].mlp.gate_up_proj
+    assert isinstance(lin, BlockLinear) and lin.bf16_gemm_rows == BF16_GEMM_ROWS
+    assert model.layers[0].input_layernorm.out_dtype == torch.bfloat16      # no float32 detour
+    assert load_gguf_model(path, "auto", torch.float32).layers[0].mlp.gate_up_proj.bf16_gemm_rows is None
+    seq = [(7 * i) % 200 + 1 for i in range(BF16_GEMM_ROWS + 20)]          # one GEMM-sized call
+    out, ref = prefill_logits(model, [seq])[0].float(), hf_logits(path, seq)
+    assert ((out - ref).norm() / ref.norm()).item() < 0.03
 
 
 @pytest.mark.parametrize("qtype", ["Q6_K", "Q4_K"])

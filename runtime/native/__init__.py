@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("qmatmul.h", "qmatmul.c", "decode_layer.c"))
+SOURCES = tuple(Path(__file__).with_name(n)
+                for n in ("qmatmul.h", "qmatmul.c", "decode_layer.c", "dequant.c"))
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c")
 CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
           "-mf16c", "-fopenmp", "-fPIC", "-shared")
@@ -60,8 +61,9 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 class QMatmulLibrary:
-    """The loaded library: :meth:`matmul` runs ``agl_qmatmul`` on torch tensors; ``lib`` is
-    the ctypes handle for the other entry points (``runtime.native_decode``)."""
+    """The loaded library: :meth:`matmul` runs ``agl_qmatmul`` and :meth:`dequantize_bf16`
+    ``agl_dequant_bf16`` on torch tensors; ``lib`` is the ctypes handle for the other entry
+    points (``runtime.native_decode``)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -70,6 +72,9 @@ class QMatmulLibrary:
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.POINTER(QWeight), ctypes.c_void_p, ctypes.c_int64,
                              ctypes.c_void_p, ctypes.c_int]
+        self._dequant = self.lib.agl_dequant_bf16
+        self._dequant.restype = None
+        self._dequant.argtypes = [ctypes.POINTER(QWeight), ctypes.c_void_p, ctypes.c_int]
 
     def matmul(self, w: QWeight, x: torch.Tensor) -> torch.Tensor:
         """x: float32 contiguous ``[M, K]`` → ``x @ W.T + bias``, float32 ``[M, N]``."""
@@ -78,6 +83,13 @@ class QMatmulLibrary:
                     torch.get_num_threads()) != 0:
             raise MemoryError(f"native matmul: no memory to quantize {tuple(x.shape)} activations")
         return y
+
+    def dequantize_bf16(self, w: QWeight) -> torch.Tensor:
+        """The weight as bfloat16 ``[N, K]``: each value computed in float32 from its block
+        and rounded to nearest even (what ``.to(torch.bfloat16)`` of the exact weight gives)."""
+        out = torch.empty(w.n, w.k, dtype=torch.bfloat16)
+        self._dequant(ctypes.byref(w), out.data_ptr(), torch.get_num_threads())
+        return out
 
 
 @functools.cache

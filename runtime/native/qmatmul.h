@@ -1,4 +1,4 @@
-/* Shared by qmatmul.c and decode_layer.c. */
+/* Shared by qmatmul.c, decode_layer.c and dequant.c. */
 #ifndef AGL_QMATMUL_H
 #define AGL_QMATMUL_H
 #include <stdint.h>
@@ -17,5 +17,9 @@ typedef struct {
  * 0, or -1 without memory for the quantized activations. */
 int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accumulate,
             int nthreads);
+
+/* out: bfloat16 bits [w->n, w->k], each weight computed in float32 and rounded to nearest
+ * even (dequant.c). */
+void agl_dequant_bf16(const agl_qweight *w, uint16_t *out, int nthreads);
 
 #endif
