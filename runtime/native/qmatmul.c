@@ -35,7 +35,8 @@
 #define MR 4        /* activation rows of a tile */
 #define NR 4        /* weight rows of a tile */
 #define TILE_N 16   /* output columns a task step: their weights stay in L1 across the rows */
-#define CHUNK_M 64  /* activation rows a pass: they stay in L2 across a thread's columns */
+#define CHUNK_BYTES 24576   /* activations a pass (rows of kg * GB bytes): they stay in L1 while
+                             * a thread's weights stream past them from L2 */
 #define QMAX 32767.0f
 _Static_assert(MR * NR == 16, "a tile's outputs are the 16 lanes of hsum16");
 
@@ -322,15 +323,16 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
     for (int64_t m = 0; m < M; m++)
         quantize_row(x + m * K, nb, kg, q + m * kg * GB, xd + m * kg * 16, xs + m * kg * 4);
     const int64_t tiles = (N + TILE_N - 1) / TILE_N;
+    const int64_t fit = CHUNK_BYTES / (kg * GB) / MR * MR, chunk = fit > MR ? fit : MR;
     /* Q8 under MR rows: one weight row at a time (4 interleaved 128-byte streams measured
      * 1.8x slower at batch 1: the prefetcher loses them); Q4 rows gain from 4 at once */
     const int wide = M >= MR || w->kind == 4;
     #pragma omp parallel num_threads(nthreads)
-    {   /* each thread a contiguous range of column tiles, CHUNK_M rows at a time */
+    {   /* each thread a contiguous range of column tiles, chunk rows at a time */
         const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
         const int64_t t0 = tiles * tid / nth, t1 = tiles * (tid + 1) / nth;
-        for (int64_t m0 = 0; m0 < M; m0 += CHUNK_M) {
-            const int64_t m1 = m0 + CHUNK_M < M ? m0 + CHUNK_M : M;
+        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+            const int64_t m1 = m0 + chunk < M ? m0 + chunk : M;
             for (int64_t n = t0 * TILE_N; n < t1 * TILE_N && n < N;) {
                 const int nr = wide && n % TILE_N + NR <= TILE_N && n + NR <= N ? NR : 1;
                 for (int64_t m = m0; m < m1;) {
