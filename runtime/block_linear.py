@@ -12,11 +12,14 @@ depends only on its own input row, so a token's logits are the same alone, batch
 prefill chunk of any size or in a decode step. Where the native library cannot run, the loader
 uses :mod:`runtime.quant_linear` instead.
 
-A model loaded with compute dtype bfloat16 trades that for speed on prefill-sized calls: from
-``bf16_gemm_rows`` rows on, a call dequantizes the weight to bfloat16 (transiently, natively)
-and runs one dense bf16 GEMM (oneDNN; on CPUs with AVX512-BF16 or AMX several times the
-integer kernel's rate at these sizes). Its rows are then rounded as bf16 matmuls round, and a
-token's result can differ (at bf16's precision) between a large call and a small one.
+A model loaded with compute dtype bfloat16, on a CPU with bf16 instructions (AVX512-BF16 or
+AMX), trades that invariance for speed on batched calls: from ``bf16_gemm_rows`` rows on
+(BF16_GEMM_ROWS, above the measured crossover: ~24 rows on a Zen 5 core, where oneDNN's bf16
+GEMM plus the dequantization beat the integer kernel), a call dequantizes the weight to
+bfloat16 — natively, in slices, for this call only: memory stays the file's — and runs dense
+bf16 GEMMs. Those rows are rounded as bf16 matmuls round, so a token's result can differ (at
+bf16's precision) between a call of many rows and one of few (a decode batch of 64 against
+the same sequence decoded alone). float32 models keep the bitwise row invariance.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from torch import nn
 from runtime.native import KIND_Q4, KIND_Q8, QMatmulLibrary, QWeight
 
 QK = 32
-BF16_GEMM_ROWS = 128    # a bfloat16 model's calls from this many rows on: one dense bf16 GEMM
+BF16_GEMM_ROWS = 32     # a bfloat16 model's calls from this many rows on: dense bf16 GEMMs
+GEMM_SLICE_BYTES = 8 << 20    # the most of a weight dequantized at once for a bf16 GEMM
 
 
 def kernel_order(qs: torch.Tensor, kind: int, inverse: bool = False) -> torch.Tensor:
@@ -140,13 +144,27 @@ class BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bf16_gemm_rows is not None and x.shape[0] >= self.bf16_gemm_rows:
-            w = self.lib.dequantize_bf16(self.qweight)                    # [N, K], this call only
-            bias = None if self.bias is None else self.bias.to(torch.bfloat16)
-            y = F.linear(x.to(torch.bfloat16), w, bias)
+            y = self._bf16_gemm(x.to(torch.bfloat16))
             return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
         xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         y = self.lib.matmul(self.qweight, xf)                                    # [T, N]
         return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def _bf16_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """x bf16 ``[M, K]`` → bf16 ``[M, N]``, over the weight dequantized for this call in
+        slices of at most GEMM_SLICE_BYTES (small enough to come from the heap, not from fresh
+        pages: a 57 MB lm_head in one piece cost 15 ms of page faults a call, 1 ms in slices)."""
+        w, N = self.qweight, self.out_features
+        bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+        rows = max(1, GEMM_SLICE_BYTES // (2 * self.in_features))
+        if rows >= N:
+            return F.linear(x, self.lib.dequantize_bf16(w), bias)
+        y = torch.empty(x.shape[0], N, dtype=torch.bfloat16)
+        for n0 in range(0, N, rows):
+            n1 = min(N, n0 + rows)
+            y[:, n0:n1] = F.linear(x, self.lib.dequantize_bf16(w, range(n0, n1)),
+                                   None if bias is None else bias[n0:n1])
+        return y
 
     def extra_repr(self) -> str:
         kind = "q8" if self.kind == KIND_Q8 else "q4"

@@ -24,7 +24,8 @@ from torch import nn
 
 from runtime.block_linear import BF16_GEMM_ROWS, BlockLinear
 from runtime.gguf_file import KEPT_QUANTIZED, GgufFile
-from runtime.native import KIND_Q4, KIND_Q8, QMatmulLibrary, qmatmul_library
+from runtime.native import (KIND_Q4, KIND_Q8, QMatmulLibrary, bf16_matmuls_in_hardware,
+                            qmatmul_library)
 from runtime.quant_linear import QuantLinear
 
 CHUNK_ROWS = 4096
@@ -146,8 +147,8 @@ class LinearBuilder:
             if self.native is not None:
                 self.report[qtype] = "native blocks"
                 lin = block_linear(self.native, [(r, qtype) for r in raws], bias)
-                if self.dtype == torch.bfloat16:     # prefill-sized calls as bf16 GEMMs
-                    lin.bf16_gemm_rows = BF16_GEMM_ROWS
+                if self.dtype == torch.bfloat16 and bf16_matmuls_in_hardware():
+                    lin.bf16_gemm_rows = BF16_GEMM_ROWS       # larger calls as bf16 GEMMs
                 return lin
             if qtype == "Q8_0":
                 self.report[qtype] = "int8 per row"

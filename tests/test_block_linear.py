@@ -88,10 +88,13 @@ def test_bf16_dequantization_is_the_exact_weight_rounded_to_nearest_even(lib, qt
     w = lib.dequantize_bf16(lin.qweight)
     assert w.shape == (N, K) and w.dtype == torch.bfloat16
     assert torch.equal(w, lin.dequantize().to(torch.bfloat16))
+    assert torch.equal(lib.dequantize_bf16(lin.qweight, range(2, N - 1)), w[2:N - 1])
+    with pytest.raises(ValueError, match="consecutive range within"):
+        lib.dequantize_bf16(lin.qweight, range(0, N + 1))
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
-def test_calls_from_bf16_gemm_rows_on_run_one_bf16_gemm(lib, qtype):
+def test_calls_from_bf16_gemm_rows_on_run_bf16_gemms(lib, qtype, monkeypatch):
     N, K = 70, 160
     raw = gguf_rows(torch.randn(N, K).numpy(), qtype)
     lin = block_linear(lib, [(raw, qtype)], bias=torch.randn(N))
@@ -109,6 +112,9 @@ def test_calls_from_bf16_gemm_rows_on_run_one_bf16_gemm(lib, qtype):
     ref = large.double() @ w.T + lin.bias.double()
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2    # bf16 rounding, no worse
     assert lin(large.float()).dtype == torch.float32
+    monkeypatch.setattr("runtime.block_linear.GEMM_SLICE_BYTES", 2 * K * 16)   # 5 slices of rows
+    assert torch.allclose(lin(large).float(), y.float(), rtol=1e-2, atol=1e-2)
+    assert ((lin(large).double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
 def test_fused_q4_0_and_q4_1_parts_and_embedding_rows(lib):

@@ -74,7 +74,8 @@ class QMatmulLibrary:
                              ctypes.c_void_p, ctypes.c_int]
         self._dequant = self.lib.agl_dequant_bf16
         self._dequant.restype = None
-        self._dequant.argtypes = [ctypes.POINTER(QWeight), ctypes.c_void_p, ctypes.c_int]
+        self._dequant.argtypes = [ctypes.POINTER(QWeight), ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_void_p, ctypes.c_int]
 
     def matmul(self, w: QWeight, x: torch.Tensor) -> torch.Tensor:
         """x: float32 contiguous ``[M, K]`` → ``x @ W.T + bias``, float32 ``[M, N]``."""
@@ -84,11 +85,16 @@ class QMatmulLibrary:
             raise MemoryError(f"native matmul: no memory to quantize {tuple(x.shape)} activations")
         return y
 
-    def dequantize_bf16(self, w: QWeight) -> torch.Tensor:
-        """The weight as bfloat16 ``[N, K]``: each value computed in float32 from its block
-        and rounded to nearest even (what ``.to(torch.bfloat16)`` of the exact weight gives)."""
-        out = torch.empty(w.n, w.k, dtype=torch.bfloat16)
-        self._dequant(ctypes.byref(w), out.data_ptr(), torch.get_num_threads())
+    def dequantize_bf16(self, w: QWeight, rows: range | None = None) -> torch.Tensor:
+        """Weight rows ``rows`` (default all) as bfloat16 ``[len(rows), K]``: each value
+        computed in float32 from its block and rounded to nearest even (what
+        ``.to(torch.bfloat16)`` of the exact weight gives)."""
+        rows = range(w.n) if rows is None else rows
+        if rows.step != 1 or not 0 <= rows.start <= rows.stop <= w.n:
+            raise ValueError(f"rows must be a consecutive range within 0..{w.n}, got {rows}")
+        out = torch.empty(len(rows), w.k, dtype=torch.bfloat16)
+        self._dequant(ctypes.byref(w), rows.start, rows.stop, out.data_ptr(),
+                      torch.get_num_threads())
         return out
 
 
@@ -111,9 +117,8 @@ def unavailable_reason() -> str | None:
     """Why the native kernels cannot run here (None if they can, given a successful build)."""
     if os.environ.get("AGENTLANG_NATIVE", "1") == "0":
         return "AGENTLANG_NATIVE=0"
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n")[0].split())
-    except (OSError, IndexError):
+    flags = cpu_flags()
+    if not flags:
         return "no /proc/cpuinfo"
     missing = [f for f in CPU_FLAGS if f not in flags]
     if missing:
@@ -121,6 +126,21 @@ def unavailable_reason() -> str | None:
     if _compiler() is None:
         return "no C compiler (set CC)"
     return None
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``), empty where that cannot be read."""
+    try:
+        return frozenset(Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n")[0].split())
+    except (OSError, IndexError):
+        return frozenset()
+
+
+def bf16_matmuls_in_hardware() -> bool:
+    """Whether bf16 GEMMs run on bf16 instructions here (AVX512-BF16 or AMX), where oneDNN
+    multiplies several times faster than the integer kernels; elsewhere it emulates them."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def _compiler() -> str | None:

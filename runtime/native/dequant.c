@@ -61,10 +61,10 @@ static void dequant_row(const agl_qweight *w, int64_t r, uint16_t *out)
     }
 }
 
-/* out: bfloat16 bits [w->n, w->k], row-major. */
-void agl_dequant_bf16(const agl_qweight *w, uint16_t *out, int nthreads)
+/* Rows r0..r1-1 of w into out: bfloat16 bits [r1 - r0, w->k], row-major. */
+void agl_dequant_bf16(const agl_qweight *w, int64_t r0, int64_t r1, uint16_t *out, int nthreads)
 {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t r = 0; r < w->n; r++)
-        dequant_row(w, r, out + r * w->k);
+    for (int64_t r = r0; r < r1; r++)
+        dequant_row(w, r, out + (r - r0) * w->k);
 }

@@ -18,8 +18,8 @@ typedef struct {
 int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accumulate,
             int nthreads);
 
-/* out: bfloat16 bits [w->n, w->k], each weight computed in float32 and rounded to nearest
- * even (dequant.c). */
-void agl_dequant_bf16(const agl_qweight *w, uint16_t *out, int nthreads);
+/* Rows r0..r1-1 of w into out, bfloat16 bits [r1 - r0, w->k]: each weight computed in float32
+ * and rounded to nearest even (dequant.c). */
+void agl_dequant_bf16(const agl_qweight *w, int64_t r0, int64_t r1, uint16_t *out, int nthreads);
 
 #endif
