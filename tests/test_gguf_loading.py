@@ -242,3 +242,23 @@ def test_bad_files_are_rejected_with_the_reason(tmp_path, tokenizer_fields):
         load_gguf_model(tmp_path / "none.gguf")
     with pytest.raises(ValueError, match="weights must be"):
         load_gguf_model(good, "int3")
+
+
+def test_embedded_file_in_bf16_batches_through_gemms_and_still_answers(monkeypatch):
+    """dtype=bfloat16 on the embedded Q4_1 file: a batch of 40 runs its prefill and decode rows
+    through bf16 GEMMs (batch-dependent rounding, so no bitwise claim), and the answer holds."""
+    if not (quant_class("auto") is BlockLinear and bf16_matmuls_in_hardware()):
+        pytest.skip("needs the native kernels and bf16 instructions")
+    from runtime import Engine, SamplingParams
+
+    calls = []
+    gemm = BlockLinear._bf16_gemm
+    monkeypatch.setattr(BlockLinear, "_bf16_gemm", lambda self, x: calls.append(x.shape[0]) or gemm(self, x))
+    eng = Engine(resolve_model("default", "auto").path, weights="auto", dtype="bfloat16",
+                 kv_budget_mb=64)
+    p = SamplingParams(max_tokens=8, temperature=0)
+    alone = eng.generate("The capital of France is", p).text
+    assert calls == [] and alone.startswith(" Paris")                # 6 rows: the native kernel
+    outs = eng.generate(["The capital of France is"] + ["List three colors:"] * 39, p)
+    assert min(calls) >= BF16_GEMM_ROWS and max(calls) >= 40          # decode steps of 40 rows
+    assert outs[0].text.startswith(" Paris") and len({o.text for o in outs[1:]}) == 1
