@@ -15,7 +15,7 @@ On the embedded SmolLM2-135M-Instruct Q4_1 GGUF (tensors kept quantized, ``weigh
   chunked prefill (8-token chunks) — the share of identical greedy tokens; in float32 and in
   bfloat16 (whose calls of 128 rows or more run as bf16 GEMMs: batch-shape dependent).
 
-    .venv/bin/python bench/cpu_local.py            # writes bench/results/cpu_local.json
+    .venv/bin/python bench/cpu_local.py     # writes bench/results/cpu_local_{speed,quality}.json
     .venv/bin/python bench/cpu_local.py --quick
 """
 
@@ -197,7 +197,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip", nargs="*", default=[], choices=["speed", "quality", "invariance"])
-    ap.add_argument("--out", default=str(ROOT / "results" / "cpu_local.json"))
+    ap.add_argument("--out-dir", default=str(ROOT / "results"),
+                    help="cpu_local_speed.json (speed) and cpu_local_quality.json (the rest)")
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
     gguf = resolve_model("default", "auto").path
@@ -217,9 +218,15 @@ def main() -> None:
         for dtype, key in (("float32", "invariance"), ("bfloat16", "invariance_bfloat16")):
             res[key] = invariance(gguf, prompts[:8], 32 if args.quick else 64, dtype)
             print(f"invariance ({dtype}):", res[key])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2))
-    print("wrote", args.out)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    head = {k: res[k] for k in ("machine", "model")}
+    for name, keys in (("speed", [k for k in res if k.startswith("speed_")]),
+                       ("quality", [k for k in res if k.startswith(("quality", "invariance"))])):
+        if keys:
+            (out / f"cpu_local_{name}.json").write_text(json.dumps(head | {k: res[k] for k in keys},
+                                                                   indent=2))
+            print("wrote", out / f"cpu_local_{name}.json")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ def throughput(d: dict, ax) -> str:
                 fontweight="bold")
     ax.set_ylim(0, top * 1.45)
     ax.legend(fontsize=8, loc="upper center", ncols=2)      # above the bars and the ratios
+    if runs[0].get("weights") == "auto":
+        return f"Engine on the quantized GGUF vs HF {runs[0]['hf_dtype']} (ratio in bold)"
     return "Engine throughput vs HF transformers (ratio in bold)"
 
 
@@ -149,7 +151,7 @@ def kernels_extend(d: dict, ax) -> str:
 def cpu_local(d: dict, ax) -> str:
     """Batch-1 decode and prefill-512 tok/s, agentlang vs llama.cpp on the same GGUF."""
     runs = {k.removeprefix("speed_"): v for k, v in d.items() if k.startswith("speed_")}
-    labels = [f"{what}\n{act} activations" for act in runs for what in ("decode", "prefill-512")]
+    labels = [f"{what}\n{act} compute" for act in runs for what in ("decode", "prefill-512")]
     bars(ax, labels, {"agentlang": [r[k] for r in runs.values() for k in ("al_decode", "al_prefill")],
                       "llama.cpp": [r[k] for r in runs.values() for k in ("cpp_decode", "cpp_prefill")]},
          "tokens / s (batch 1)", fmt="{:.0f}")
@@ -159,7 +161,8 @@ def cpu_local(d: dict, ax) -> str:
 
 # chart name -> (the JSON it reads, its drawing function)
 CHARTS: dict[str, tuple[str, Callable[[dict, plt.Axes], str]]] = {
-    "throughput": ("throughput", throughput), "programs": ("programs", programs),
+    "throughput": ("throughput", throughput), "throughput_quant": ("throughput_quant", throughput),
+    "programs": ("programs", programs),
     "kv_memory": ("kv_memory", kv_memory), "kv_quant": ("kv_quant", kv_quant),
     "structured": ("structured", structured), "serve": ("serve", serve),
     "multi_agent": ("multi_agent", multi_agent), "cpu_local": ("cpu_local_speed", cpu_local),
