@@ -11,8 +11,9 @@ On the embedded SmolLM2-135M-Instruct Q4_1 GGUF (tensors kept quantized, ``weigh
   greedy token and KL(fp32 || model). Models: Q4_1 as shipped (int4), Q8_0 (the fp32 weights
   re-quantized to a Q8_0 GGUF written here), each with the native kernels (float32 and bf16
   compute) and with torch's, bf16 dense beside; the Q8_0 models also against their own file decoded to fp32.
-* **Greedy invariance on the quantized path**: the same prompts alone, batched, and with
-  chunked prefill (8-token chunks) — the share of identical greedy tokens; in float32 and in
+* **Greedy invariance on the quantized path**: the same prompts alone, batched, with chunked
+  prefill (8-token chunks), from a warm cache, and preempted (a pool too small for all eight)
+  — the share of identical greedy tokens; in float32 and in
   bfloat16 (whose calls of 128 rows or more run as bf16 GEMMs: batch-shape dependent).
 
     .venv/bin/python bench/cpu_local.py     # writes bench/results/cpu_local_{speed,quality}.json
@@ -180,13 +181,20 @@ def invariance(gguf: Path, prompts: list[str], n_tokens: int, dtype: str) -> dic
     chunked_eng = Engine(str(gguf), weights="auto", dtype=dtype, kv_budget_mb=128,
                          max_batch_tokens=8)
     chunked = [o.token_ids for o in chunked_eng.generate(prompts, p)]
+    # pages for the two longest sequences only: the 8 cannot all run, some are preempted
+    longest = max(len(eng.tokenizer.encode(x)) for x in prompts) + n_tokens
+    small = Engine(str(gguf), weights="auto", dtype=dtype, page_size=4,
+                   num_pages=2 * -(-longest // 4) + 2, max_batch_tokens=256)
+    preempted = [o.token_ids for o in small.generate(prompts, p)]
 
     def share(a, b):
         same = sum(x == y for u, v in zip(a, b) for x, y in zip(u, v))
         return same / sum(len(u) for u in a)
 
     return {"batched_vs_alone": share(alone, batched), "chunked_vs_alone": share(alone, chunked),
-            "warm_cache_vs_cold": share(alone, warm),
+            "warm_cache_vs_cold": share(alone, warm), "preempted_vs_alone": share(alone, preempted),
+            "preemptions": small.metrics()["preemptions"],
+            "identical_sequences_preempted": sum(a == b for a, b in zip(alone, preempted)),
             "identical_sequences_warm": sum(a == b for a, b in zip(alone, warm)),
             "identical_sequences_batched": sum(a == b for a, b in zip(alone, batched)),
             "identical_sequences_chunked": sum(a == b for a, b in zip(alone, chunked)),
@@ -223,10 +231,11 @@ def main() -> None:
     head = {k: res[k] for k in ("machine", "model")}
     for name, keys in (("speed", [k for k in res if k.startswith("speed_")]),
                        ("quality", [k for k in res if k.startswith(("quality", "invariance"))])):
-        if keys:
-            (out / f"cpu_local_{name}.json").write_text(json.dumps(head | {k: res[k] for k in keys},
-                                                                   indent=2))
-            print("wrote", out / f"cpu_local_{name}.json")
+        path = out / f"cpu_local_{name}.json"
+        if keys:        # a part skipped this run keeps its last results
+            old = json.loads(path.read_text()) if path.exists() else {}
+            path.write_text(json.dumps(old | head | {k: res[k] for k in keys}, indent=2))
+            print("wrote", path)
 
 
 if __name__ == "__main__":
