@@ -87,3 +87,29 @@ def test_decode_cascade_matches_the_reference(dtype):
     out, ref, batch = attend(filled_pool(dtype), [1] * 5, lens + [9], tables, q)
     assert rel(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
     assert len(batch.memo["torch.decode"].groups) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,L", [(3, 1), (5, 37), (70, 1024)])
+def test_native_softmax_with_lse_against_float64(dtype, rows, L):
+    from runtime.native import qmatmul_library
+
+    lib = qmatmul_library()
+    if lib is None:
+        pytest.skip("native kernels unavailable here: attend_lse keeps torch's ops")
+    g = torch.Generator().manual_seed(rows * L)
+    s = (torch.randn(rows, L, generator=g) * 4).to(dtype)
+    if L > 1:
+        s[:, torch.randperm(L, generator=g)[: L // 3]] = float("-inf")   # masked keys
+        s[:, 0] = 0.5                                                    # a finite score a row
+    ref = s.double() * 0.3
+    p_ref, lse_ref = torch.softmax(ref, -1), torch.logsumexp(ref, -1)
+    p = s.clone()
+    lse = lib.softmax_lse_(p, 0.3)
+    assert p.dtype == dtype and lse.shape == (rows,) and lse.dtype == torch.float32
+    tol = 1e-6 if dtype == torch.float32 else 4e-3                       # bf16 rounds p
+    assert ((p.double() - p_ref).abs() <= tol * p_ref + 1e-9).all()
+    assert (p[s == float("-inf")] == 0).all()
+    assert (lse.double() - lse_ref).abs().max().item() < 1e-5
+    with pytest.raises(ValueError, match="contiguous float32 or bfloat16"):
+        lib.softmax_lse_(torch.zeros(4, 8).t(), 1.0)

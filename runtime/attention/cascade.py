@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.attention.decode_plan import shared_prefix_groups
+from runtime.native import qmatmul_library
 
 MAX_QUERY_TOKENS = 512   # query tokens a shared-part matmul takes at a time (bounds its scores)
 CAUSAL_BLOCK = 128       # query tokens a causal block: keys up to the block's last only
@@ -30,20 +31,27 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     q: [..., H, R, D] (the R query rows of each KV head: its G query heads × tokens);
     k, v: [..., L, H, D] as gathered from the pool; bias: additive (0 / -inf), broadcastable to
     [..., H, R, L], or None; no row may be masked entirely. The scores' matmul runs in q's
-    dtype; scale, softmax and lse in float32. Returns out [..., H, R, D] in v's dtype and
-    lse [..., H, R] float32.
+    dtype; scale, softmax and lse in float32 (natively where :mod:`runtime.native` runs: three
+    passes over the scores, p written back in their dtype). Returns out [..., H, R, D] in v's
+    dtype and lse [..., H, R] float32.
     """
     s = torch.matmul(q, k.movedim(-3, -1))                               # [..., H, R, L]
-    s = s.float() if s.dtype != torch.float32 else s
-    s.mul_(scale)
     if bias is not None:
-        s.add_(bias)
-    m = s.amax(-1, keepdim=True)
-    p = s.sub_(m).exp_()
-    z = p.sum(-1, keepdim=True)
-    p = p.div_(z)
+        s.add_(bias)                   # 0 / -inf: exact in s's dtype, and before or after scale
+    native = qmatmul_library() if s.device.type == "cpu" else None
+    if native is not None and s.dtype in (torch.float32, torch.bfloat16):
+        lse = native.softmax_lse_(s, scale)          # s becomes p, in s's dtype (3 passes)
+        p = s
+    else:
+        s = s.float() if s.dtype != torch.float32 else s
+        s.mul_(scale)
+        m = s.amax(-1, keepdim=True)
+        p = s.sub_(m).exp_()
+        z = p.sum(-1, keepdim=True)
+        p = p.div_(z)
+        lse = (m + z.log_()).squeeze(-1)
     out = torch.matmul(p if p.dtype == v.dtype else p.to(v.dtype), v.movedim(-3, -2))
-    return out, (m + z.log_()).squeeze(-1)
+    return out, lse
 
 
 def causal_bias(first: int, n: int, keys: int, group: int) -> torch.Tensor:

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name(n)
-                for n in ("qmatmul.h", "qmatmul.c", "decode_layer.c", "dequant.c"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in (
+    "qmatmul.h", "vecmath.h", "qmatmul.c", "decode_layer.c", "dequant.c", "softmax.c"))
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c")
 CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
           "-mf16c", "-fopenmp", "-fPIC", "-shared")
@@ -61,9 +61,9 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 class QMatmulLibrary:
-    """The loaded library: :meth:`matmul` runs ``agl_qmatmul`` and :meth:`dequantize_bf16`
-    ``agl_dequant_bf16`` on torch tensors; ``lib`` is the ctypes handle for the other entry
-    points (``runtime.native_decode``)."""
+    """The loaded library: :meth:`matmul` runs ``agl_qmatmul``, :meth:`dequantize_bf16`
+    ``agl_dequant_bf16`` and :meth:`softmax_lse_` ``agl_softmax_lse`` on torch tensors; ``lib``
+    is the ctypes handle for the other entry points (``runtime.native_decode``)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -76,6 +76,10 @@ class QMatmulLibrary:
         self._dequant.restype = None
         self._dequant.argtypes = [ctypes.POINTER(QWeight), ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_void_p, ctypes.c_int]
+        self._softmax = self.lib.agl_softmax_lse
+        self._softmax.restype = None
+        self._softmax.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
 
     def matmul(self, w: QWeight, x: torch.Tensor) -> torch.Tensor:
         """x: float32 contiguous ``[M, K]`` → ``x @ W.T + bias``, float32 ``[M, N]``."""
@@ -96,6 +100,17 @@ class QMatmulLibrary:
         self._dequant(ctypes.byref(w), rows.start, rows.stop, out.data_ptr(),
                       torch.get_num_threads())
         return out
+
+    def softmax_lse_(self, s: torch.Tensor, scale: float) -> torch.Tensor:
+        """In place: the last dim of ``s`` (float32 or bfloat16, contiguous, on the CPU) becomes
+        ``softmax(scale * s)`` (-inf scores give 0); returns the log-sum-exp of ``scale * s``,
+        float32, ``s.shape[:-1]``."""
+        if s.dtype not in (torch.float32, torch.bfloat16) or not s.is_contiguous():
+            raise ValueError(f"s must be contiguous float32 or bfloat16, got {s.dtype}")
+        lse = torch.empty(s.shape[:-1], dtype=torch.float32)
+        self._softmax(s.data_ptr(), int(s.dtype == torch.bfloat16), lse.numel(), s.shape[-1],
+                      scale, lse.data_ptr(), torch.get_num_threads())
+        return lse
 
 
 @functools.cache

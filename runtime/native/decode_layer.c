@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include "qmatmul.h"
+#include "vecmath.h"
 
 typedef struct {
     int64_t hidden, nh, nkv, hd, inter;
@@ -68,25 +69,6 @@ static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float 
         for (int64_t i = 0; i < n; i++)
             out[b * n + i] = w[i] * (r[i] * inv);
     }
-}
-
-/* e^x, 16 lanes, within 3e-7 relative for |x| <= 88 (larger |x| is clamped there): x = n ln2 + r,
- * |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial, scaled by 2^n */
-static inline __m512 exp16(__m512 x)
-{
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);      /* ln2, high bits */
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);           /* and the rest */
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* out[i] = silu(g[i]) * u[i] = g / (1 + e^-g) * u, n values (out may be g) */

@@ -11,17 +11,9 @@
 #include <stdint.h>
 
 #include "qmatmul.h"
+#include "vecmath.h"
 
 #define QK 32
-
-/* float32 x 16 -> bfloat16 x 16, to nearest even */
-static inline __m256i to_bf16(__m512 v)
-{
-    __m512i b = _mm512_castps_si512(v);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    b = _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
-}
 
 /* 16 quants (int32 lanes) of one block as q * d + mn, stored as bfloat16 at out */
 static inline void store_block_half(__m512i q, float d, float mn, uint16_t *out)

@@ -1,4 +1,5 @@
-/* Shared by qmatmul.c, decode_layer.c and dequant.c. */
+/* The entry points of the native library and the weight they share (qmatmul.c, decode_layer.c,
+ * dequant.c, softmax.c). */
 #ifndef AGL_QMATMUL_H
 #define AGL_QMATMUL_H
 #include <stdint.h>
@@ -21,5 +22,10 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
 /* Rows r0..r1-1 of w into out, bfloat16 bits [r1 - r0, w->k]: each weight computed in float32
  * and rounded to nearest even (dequant.c). */
 void agl_dequant_bf16(const agl_qweight *w, int64_t r0, int64_t r1, uint16_t *out, int nthreads);
+
+/* In place: each row of s [rows, L] (float32, or bfloat16 bits with bf16 = 1) becomes its
+ * softmax of scale * s; lse[r] = its log-sum-exp (softmax.c). */
+void agl_softmax_lse(void *s, int bf16, int64_t rows, int64_t L, float scale, float *lse,
+                     int nthreads);
 
 #endif

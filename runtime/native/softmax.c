@@ -1,0 +1,84 @@
+/* Softmax of attention scores with its log-sum-exp, in place, for runtime/attention/cascade.py.
+ *
+ * Each of `rows` rows of L scores s (float32, or bfloat16 as a bf16 matmul leaves them) becomes
+ * p = e^(scale (s - max)) / sum, written over s in s's dtype (bfloat16: rounded to nearest
+ * even), and lse = scale max + log(sum) in float32: the same quantities as torch's
+ * mul / amax / sub / exp / sum / div sequence, in three passes over the row instead of six and
+ * with the 16-lane exp of vecmath.h (3e-7 relative). A score of -inf (a masked key) gives
+ * p = 0; a row must have a finite score. Rows are split across threads; a row's result does
+ * not depend on the others or on the thread count.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+
+#include "qmatmul.h"
+#include "vecmath.h"
+
+static inline __m512 load16(const void *s, int bf16, int64_t i, __mmask16 k)
+{
+    if (bf16)
+        return from_bf16(_mm256_maskz_loadu_epi16(k, (const uint16_t *)s + i));
+    return _mm512_maskz_loadu_ps(k, (const float *)s + i);
+}
+
+static inline void store16(void *s, int bf16, int64_t i, __mmask16 k, __m512 v)
+{
+    if (bf16)
+        _mm256_mask_storeu_epi16((uint16_t *)s + i, k, to_bf16(v));
+    else
+        _mm512_mask_storeu_ps((float *)s + i, k, v);
+}
+
+static inline __mmask16 tail(int64_t L, int64_t i)
+{
+    return L - i >= 16 ? 0xFFFF : (__mmask16)((1u << (L - i)) - 1);
+}
+
+static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
+{
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < L; i += 16) {
+        const __mmask16 k = tail(L, i);
+        mx = _mm512_mask_max_ps(mx, k, mx, load16(s, bf16, i, k));
+    }
+    const float m = _mm512_reduce_max_ps(mx);
+    const __m512 vm = _mm512_set1_ps(m), vs = _mm512_set1_ps(scale);
+    __m512 sum = _mm512_setzero_ps();
+    float *e = bf16 ? NULL : (float *)s;              /* float32: e^.. kept in place */
+    for (int64_t i = 0; i < L; i += 16) {
+        const __mmask16 k = tail(L, i);
+        const __m512 x = load16(s, bf16, i, k);
+        const __mmask16 live = k & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        const __m512 v = _mm512_maskz_mov_ps(live, exp16(_mm512_mul_ps(_mm512_sub_ps(x, vm), vs)));
+        sum = _mm512_add_ps(sum, v);
+        if (e)
+            _mm512_mask_storeu_ps(e + i, k, v);
+    }
+    const float z = _mm512_reduce_add_ps(sum);
+    const __m512 inv = _mm512_set1_ps(1.0f / z);
+    for (int64_t i = 0; i < L; i += 16) {
+        const __mmask16 k = tail(L, i);
+        __m512 v;
+        if (e)
+            v = _mm512_maskz_loadu_ps(k, e + i);
+        else {                                         /* bfloat16: recompute e^.. */
+            const __m512 x = load16(s, bf16, i, k);
+            const __mmask16 live = k & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+            v = _mm512_maskz_mov_ps(live, exp16(_mm512_mul_ps(_mm512_sub_ps(x, vm), vs)));
+        }
+        store16(s, bf16, i, k, _mm512_mul_ps(v, inv));
+    }
+    *lse = scale * m + logf(z);
+}
+
+/* s: [rows, L] float32 (bf16 = 0) or bfloat16 bits (bf16 = 1), contiguous; lse: [rows]. */
+void agl_softmax_lse(void *s, int bf16, int64_t rows, int64_t L, float scale, float *lse,
+                     int nthreads)
+{
+    const int64_t esize = bf16 ? 2 : 4;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * L >= 32768)
+    for (int64_t r = 0; r < rows; r++)
+        softmax_row((char *)s + r * L * esize, bf16, L, scale, lse + r);
+}
