@@ -1,5 +1,8 @@
-"""The native quantized matmul (``qmatmul.c``): built on first use with the system C compiler
-into a per-user cache, loaded with ctypes, shared by every :class:`~runtime.block_linear.BlockLinear`.
+"""The native library: the quantized matmul (``qmatmul.c``), a whole decode-step layer
+(``decode_layer.c``), bf16 dequantization of a weight's rows (``dequant.c``) and attention's
+softmax with its log-sum-exp (``softmax.c``). Built on first use with the system C compiler
+into a per-user cache, loaded with ctypes, shared by every :class:`~runtime.block_linear.BlockLinear`
+and by :func:`runtime.attention.cascade.attend_lse`.
 
 Why native: at batch 1 a decode step of a small model is a few dozen matmuls whose torch
 kernels (int4 / int8 weight-only, bf16 activations) each cost tens of µs; a loop over the GGUF
@@ -9,7 +12,8 @@ several times faster and keeps each block's own scale (Q8_0 included).
 Availability (:func:`qmatmul_library` returns None and says why, once, in the log): the CPU
 must report ``avx512f avx512bw avx512vl avx512dq avx512_vnni f16c``, a C compiler (``$CC``,
 else ``cc``/``gcc``) must build the source, and ``AGENTLANG_NATIVE`` must not be ``0``.
-Without it the loader keeps torch's kernels (``runtime.quant_linear``). The build takes
+Without it the loader keeps torch's kernels (``runtime.quant_linear``) and attention torch's
+softmax. The build takes
 ~1 s, at model load (never on a request), and is reused across processes: the cache key is
 the source, the flags and the compiler's version (``$XDG_CACHE_HOME/agentlang/native`` or
 ``~/.cache/agentlang/native``).
