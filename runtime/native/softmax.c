@@ -36,6 +36,13 @@ static inline __mmask16 tail(int64_t L, int64_t i)
     return L - i >= 16 ? 0xFFFF : (__mmask16)((1u << (L - i)) - 1);
 }
 
+/* e^(scale (x - m)) in the lanes of k whose score is not -inf, 0 elsewhere */
+static inline __m512 shifted_exp(__m512 x, __m512 vm, __m512 vs, __mmask16 k)
+{
+    const __mmask16 live = k & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    return _mm512_maskz_mov_ps(live, exp16(_mm512_mul_ps(_mm512_sub_ps(x, vm), vs)));
+}
+
 static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
 {
     __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -49,9 +56,7 @@ static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
     float *e = bf16 ? NULL : (float *)s;              /* float32: e^.. kept in place */
     for (int64_t i = 0; i < L; i += 16) {
         const __mmask16 k = tail(L, i);
-        const __m512 x = load16(s, bf16, i, k);
-        const __mmask16 live = k & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-        const __m512 v = _mm512_maskz_mov_ps(live, exp16(_mm512_mul_ps(_mm512_sub_ps(x, vm), vs)));
+        const __m512 v = shifted_exp(load16(s, bf16, i, k), vm, vs, k);
         sum = _mm512_add_ps(sum, v);
         if (e)
             _mm512_mask_storeu_ps(e + i, k, v);
@@ -60,14 +65,8 @@ static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
     const __m512 inv = _mm512_set1_ps(1.0f / z);
     for (int64_t i = 0; i < L; i += 16) {
         const __mmask16 k = tail(L, i);
-        __m512 v;
-        if (e)
-            v = _mm512_maskz_loadu_ps(k, e + i);
-        else {                                         /* bfloat16: recompute e^.. */
-            const __m512 x = load16(s, bf16, i, k);
-            const __mmask16 live = k & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-            v = _mm512_maskz_mov_ps(live, exp16(_mm512_mul_ps(_mm512_sub_ps(x, vm), vs)));
-        }
+        const __m512 v = e ? _mm512_maskz_loadu_ps(k, e + i)
+                           : shifted_exp(load16(s, bf16, i, k), vm, vs, k);   /* bf16: again */
         store16(s, bf16, i, k, _mm512_mul_ps(v, inv));
     }
     *lse = scale * m + logf(z);
