@@ -39,7 +39,7 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     if bias is not None:
         s.add_(bias)                   # 0 / -inf: exact in s's dtype, and before or after scale
     native = qmatmul_library() if s.device.type == "cpu" else None
-    if native is not None and s.dtype in (torch.float32, torch.bfloat16):
+    if native is not None and s.dtype in (torch.float32, torch.bfloat16) and s.is_contiguous():
         lse = native.softmax_lse_(s, scale)          # s becomes p, in s's dtype (3 passes)
         p = s
     else:
