@@ -10,11 +10,12 @@ On the embedded SmolLM2-135M-Instruct Q4_1 GGUF (tensors kept quantized, ``weigh
   prompt + continuation in one pass; at each of the 128 positions top-1 agreement with the fp32
   greedy token and KL(fp32 || model). Models: Q4_1 as shipped (int4), Q8_0 (the fp32 weights
   re-quantized to a Q8_0 GGUF written here), each with the native kernels (float32 and bf16
-  compute) and with torch's, bf16 dense beside; the Q8_0 models also against their own file decoded to fp32.
+  compute) and with torch's, bf16 dense beside; the Q8_0 models also against their own file
+  decoded to fp32.
 * **Greedy invariance on the quantized path**: the same prompts alone, batched, with chunked
   prefill (8-token chunks), from a warm cache, and preempted (a pool too small for all eight)
-  — the share of identical greedy tokens; in float32 and in
-  bfloat16 (whose calls of 128 rows or more run as bf16 GEMMs: batch-shape dependent).
+  — the share of identical greedy tokens; in float32 and in bfloat16 (whose calls of
+  ``BF16_GEMM_ROWS`` rows or more run as bf16 GEMMs: batch-shape dependent).
 
     .venv/bin/python bench/cpu_local.py     # writes bench/results/cpu_local_{speed,quality}.json
     .venv/bin/python bench/cpu_local.py --quick
@@ -191,14 +192,13 @@ def invariance(gguf: Path, prompts: list[str], n_tokens: int, dtype: str) -> dic
         same = sum(x == y for u, v in zip(a, b) for x, y in zip(u, v))
         return same / sum(len(u) for u in a)
 
-    return {"batched_vs_alone": share(alone, batched), "chunked_vs_alone": share(alone, chunked),
-            "warm_cache_vs_cold": share(alone, warm), "preempted_vs_alone": share(alone, preempted),
-            "preemptions": small.metrics()["preemptions"],
-            "identical_sequences_preempted": sum(a == b for a, b in zip(alone, preempted)),
-            "identical_sequences_warm": sum(a == b for a, b in zip(alone, warm)),
-            "identical_sequences_batched": sum(a == b for a, b in zip(alone, batched)),
-            "identical_sequences_chunked": sum(a == b for a, b in zip(alone, chunked)),
-            "prompts": len(prompts), "tokens_each": n_tokens}
+    runs = {"batched": batched, "chunked": chunked, "warm": warm, "preempted": preempted}
+    res = {("warm_cache_vs_cold" if k == "warm" else f"{k}_vs_alone"): share(alone, v)
+           for k, v in runs.items()}
+    res |= {f"identical_sequences_{k}": sum(a == b for a, b in zip(alone, v))
+            for k, v in runs.items()}
+    return res | {"preemptions": small.metrics()["preemptions"], "prompts": len(prompts),
+                  "tokens_each": n_tokens}
 
 
 def main() -> None:
@@ -216,9 +216,9 @@ def main() -> None:
                       f"load average {os.getloadavg()[0]:.1f} at start (shared machine)",
            "model": gguf.name}
     if "speed" not in args.skip:
-        for dtype in ("float32", "bfloat16"):      # compute dtype (bf16: prefill-sized matmuls as bf16 GEMMs)
+        for dtype in ("float32", "bfloat16"):      # compute dtype (bf16: batched calls as GEMMs)
             r = res[f"speed_{dtype}"] = speed(gguf, 3 if args.quick else 5, 64, 512, dtype)
-            print(f"speed ({dtype} activations):", {k: v for k, v in r.items() if k != "rounds"})
+            print(f"speed ({dtype} compute):", {k: v for k, v in r.items() if k != "rounds"})
     if "quality" not in args.skip:
         with tempfile.TemporaryDirectory() as d:
             res["quality"] = quality(gguf, prompts[:n_prompts], positions, Path(d))
