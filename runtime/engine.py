@@ -32,6 +32,7 @@ from runtime.layer_break import LayerBreaks
 from runtime.model_loader import resolve_model
 from runtime.model_runner import ModelRunner
 from runtime.models.loading import load_model
+from runtime.openmp_pool import release_thread_pool
 from runtime.outputs import RequestOutput, StreamDelta
 from runtime.output_processor import OutputProcessor
 from runtime.page_allocator import PageAllocator
@@ -102,6 +103,7 @@ class Engine:
         self.breaks = LayerBreaks(self.scheduler, self.processor, self.step_loop.take_arrivals,
                                   self.runner.run)
         self.peak_pages_used = 0
+        release_thread_pool()     # the loader's OpenMP workers: the stepping thread owns its own
 
     # ---- public API ---------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -125,6 +127,8 @@ class Engine:
         q: queue.SimpleQueue[StreamDelta] = queue.SimpleQueue()
         group.sink = q.put
         self._submit(group)
+        if self.step_loop.running:
+            release_thread_pool()        # this thread only waits: see runtime.openmp_pool
         try:
             while True:
                 if not self.step_loop.running:

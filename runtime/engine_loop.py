@@ -9,6 +9,11 @@ blocking caller steps the engine itself; afterwards a daemon thread does. The th
 the engine's ``step`` only weakly between turns, so an engine nobody references any more is
 collected and its loop ends; at interpreter exit the loop stops cleanly (no thread is left
 inside a torch op while the process tears down).
+
+Once the thread steps, every other thread of the engine only waits: the thread that starts
+the loop and each caller blocked in :meth:`StepLoop.run_until` free their OpenMP workers
+first (:func:`runtime.openmp_pool.release_thread_pool`), so the stepping thread's are the only
+ones and run unthrottled (two pools on two cores halved the step).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
+
+from runtime.openmp_pool import release_thread_pool
 
 
 class StepLoop:
@@ -64,6 +71,7 @@ class StepLoop:
     def run_until(self, done: threading.Event) -> None:
         """Block until ``done`` is set, stepping the engine here if no thread does."""
         if self._thread is not None:
+            release_thread_pool()
             done.wait()
             return
         step = self._step()
@@ -71,8 +79,11 @@ class StepLoop:
             step()
 
     def start(self) -> None:
+        """Hand stepping to the background thread (idempotent); the calling thread frees its
+        OpenMP workers, as it will only wait from now on."""
         if self._thread is not None:     # fast path: never wait for a running step
             return
+        release_thread_pool()
         with self.lock:
             if self._thread is not None:
                 return
