@@ -8,7 +8,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: run test bench bench-install install clean-venv chromium
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "torch==2.13.0" -c constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,triton,browser,scaleout,sglang-compat]"
@@ -29,7 +29,7 @@ chromium:
 		{ echo "CI: chromium is missing (apt-get install -y chromium)"; exit 1; }
 
 run: $(STAMP)
-	$(PY) -m runtime.main_job
+	$(PY) -m agentlang.runtime.server.main_job
 
 test: $(STAMP)
 	$(PY) -m pytest -q -x --durations=15

@@ -85,8 +85,8 @@ def add_graph_command(sub: SubParsers) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from runtime import Engine, SamplingParams
-    from runtime.model_loader import ModelLoadError
+    from agentlang.runtime import Engine, SamplingParams
+    from agentlang.runtime.weights.model_loader import ModelLoadError
 
     try:
         engine = Engine(args.model, dtype=args.dtype)
@@ -118,7 +118,7 @@ def add_generate_command(sub: SubParsers) -> None:
 
 
 def run_kv_plan(args: argparse.Namespace) -> int:
-    from runtime.kv_plan import plan_for_model
+    from agentlang.runtime.cache.kv_plan import plan_for_model
 
     p = plan_for_model(args.model, context=args.context, memory_gb=args.memory_gb,
                        kv_dtype=args.kv_dtype, page_size=args.page_size, model_dtype=args.dtype,
@@ -128,7 +128,7 @@ def run_kv_plan(args: argparse.Namespace) -> int:
 
 
 def add_kv_plan_command(sub: SubParsers) -> None:
-    from runtime.kv_plan import PLAN_KV_DTYPES, WEIGHT_FORMATS
+    from agentlang.runtime.cache.kv_plan import PLAN_KV_DTYPES, WEIGHT_FORMATS
 
     p = sub.add_parser("kv-plan", help="KV cache capacity: bytes per token/request, max requests",
                        description="Compute KV bytes per token and per request, the weights' "
@@ -152,9 +152,9 @@ def add_kv_plan_command(sub: SubParsers) -> None:
 
 
 def add_serve_command(sub: SubParsers) -> None:
-    from runtime.server.cli import add_serve_command as add_server_command
+    from agentlang.runtime.server.cli import add_serve_command as add_server_command
 
-    add_server_command(sub)    # flags of runtime.server.cli; handler = serve_main
+    add_server_command(sub)    # flags of agentlang.runtime.server.cli; handler = serve_main
 
 
 COMMANDS: tuple[Callable[[SubParsers], None], ...] = (

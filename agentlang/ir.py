@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentlang.sampling import SamplingOptions
 # SGLang's regex constants (same values, so ported programs keep their constraints).
-from runtime.typed_values import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR  # noqa: F401
+from agentlang.runtime.core.typed_values import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR  # noqa: F401
 
 if TYPE_CHECKING:
     from agentlang.choices import ChoicesMethod

@@ -33,7 +33,7 @@ def _resolve_backend(backend: Backend | None) -> Backend:
 
 
 def program_label(name: str) -> str:
-    """A program name as an accounting label (runtime.agent_stats: ``[A-Za-z0-9_.:/-]``,
+    """A program name as an accounting label (agentlang.runtime.core.agent_stats: ``[A-Za-z0-9_.:/-]``,
     at most 64 characters)."""
     return re.sub(r"[^A-Za-z0-9_.:/-]", "_", name)[:64] or "program"
 

@@ -154,8 +154,8 @@ def make_options(*, max_tokens=None, min_tokens=None, stop=None, stop_token_ids=
 def check_scheduling(priority: Any, agent: Any) -> None:
     """ValueError naming ``priority`` / ``agent`` unless both are None or valid (the runtime
     owns the accepted range and label format)."""
-    from runtime.agent_stats import check_label
-    from runtime.priority import check_priority
+    from agentlang.runtime.core.agent_stats import check_label
+    from agentlang.runtime.core.priority import check_priority
 
     if priority is not None:
         check_priority(priority, "priority")

@@ -1,7 +1,7 @@
 """N ``agentlang serve`` replicas behind one ``sglang-router``, as real processes on free
 loopback ports (used by ``bench/router.py`` and ``tests/server/test_server_router.py``).
 
-- :func:`start_replica` runs ``python -m runtime.server`` (the same server as ``agentlang
+- :func:`start_replica` runs ``python -m agentlang.runtime.server`` (the same server as ``agentlang
   serve``) and waits for ``/health``;
 - :func:`start_router` runs ``python -m sglang_router.launch_router`` (the Rust router shipped
   in the ``sglang-router`` wheel) over the replicas' URLs and waits until its ``/workers``
@@ -92,9 +92,9 @@ def _wait(p: Proc, ready, timeout: float, what: str) -> None:
 
 
 def start_replica(*extra: str, name: str = "replica", timeout: float = 240) -> Proc:
-    """``python -m runtime.server`` on a free port with ``extra`` flags; waits for /health."""
+    """``python -m agentlang.runtime.server`` on a free port with ``extra`` flags; waits for /health."""
     port = free_port()
-    cmd = [sys.executable, "-m", "runtime.server", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "agentlang.runtime.server", "--host", "127.0.0.1", "--port", str(port),
            "--log-level", "warning", *extra]
     p = _spawn(name, cmd, f"http://127.0.0.1:{port}")
     _wait(p, lambda: httpx.get(p.url + "/health", timeout=2).status_code == 200, timeout,

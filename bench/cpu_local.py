@@ -34,13 +34,13 @@ from pathlib import Path
 
 import torch
 
-from runtime import Engine, SamplingParams
-from runtime.attention.torch_backend import TorchAttentionBackend
-from runtime.forward_batch import build_forward_batch
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.model_loader import resolve_model
-from runtime.models.gguf_model import load_gguf_model
-from runtime.page_allocator import PageAllocator
+from agentlang.runtime import Engine, SamplingParams
+from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.weights.model_loader import resolve_model
+from agentlang.runtime.models.gguf_model import load_gguf_model
+from agentlang.runtime.cache.page_allocator import PageAllocator
 
 ROOT = Path(__file__).resolve().parent
 THREADS = 2

@@ -35,8 +35,8 @@ def engine_cost(n_requests: int, max_tokens: int) -> dict:
 
     from dashboard_browser import synthetic_cache
 
-    from runtime import Engine, SamplingParams
-    from runtime.cache_snapshot import snapshot_tree
+    from agentlang.runtime import Engine, SamplingParams
+    from agentlang.runtime.cache.snapshot import snapshot_tree
 
     eng = Engine(page_size=16, kv_budget_mb=256)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)

@@ -66,8 +66,8 @@ def write_model(path: Path) -> None:
 
 CHILD = """
 import json, resource, sys, torch
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.models.gguf_model import load_gguf_model
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.models.gguf_model import load_gguf_model
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS"):

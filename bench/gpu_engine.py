@@ -69,7 +69,7 @@ def run_backend(model: Path, backend: str, dtype: str, prompts: list[str], max_t
                 device: str = "cuda"):
     """Greedy outputs and the wall time of two identical timed passes (cache flushed before
     each) of one engine, created, warmed up and shut down here."""
-    from runtime import Engine, SamplingParams
+    from agentlang.runtime import Engine, SamplingParams
 
     eng = Engine(model=str(model), attention_backend=backend, device=device, dtype=dtype,
                  page_size=16, num_pages=8192, max_running=64)

@@ -74,7 +74,7 @@ PLANS = {
 
 
 def llama_config(shapes: dict):
-    from runtime.models.config import LlamaConfig
+    from agentlang.runtime.models.config import LlamaConfig
 
     return LlamaConfig(architecture="LlamaForCausalLM", rms_norm_eps=1e-5, rope_scaling=None,
                        tie_word_embeddings=False, attention_bias=False, eos_token_ids=(),
@@ -84,8 +84,8 @@ def llama_config(shapes: dict):
 @torch.inference_mode()
 def random_model(shapes: dict, dtype: torch.dtype, device: str, usable_vocab: int, seed: int = 0):
     """A Llama with random weights generated on ``device`` (see the module docstring)."""
-    from runtime.models.llama import LlamaModel
-    from runtime.models.rope import RotaryEmbedding
+    from agentlang.runtime.models.llama import LlamaModel
+    from agentlang.runtime.models.rope import RotaryEmbedding
 
     cfg = llama_config(shapes)
     with torch.device("meta"):
@@ -123,10 +123,10 @@ def kv_bytes_per_token(model) -> int:
 def make_stack(model, plan: Plan, num_pages: int, max_batch: int):
     """Pool, backend, allocator and decode graphs (CUDA capture on a GPU, ``RerunCapture``
     on CPU) for ``model``."""
-    from runtime.attention.base import make_backend
-    from runtime.cuda_graph import RerunCapture, make_decode_graphs
-    from runtime.kv_pool import KVLayout, KVPool
-    from runtime.page_allocator import PageAllocator
+    from agentlang.runtime.attention.base import make_backend
+    from agentlang.runtime.execution.cuda_graph import RerunCapture, make_decode_graphs
+    from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+    from agentlang.runtime.cache.page_allocator import PageAllocator
 
     c = model.config
     pool = KVPool(KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, plan.dtype), 16,
@@ -141,7 +141,7 @@ def make_stack(model, plan: Plan, num_pages: int, max_batch: int):
 
 def decode_cell(model, stack, batch: int, context: int, gbps: float, rng: random.Random) -> dict:
     """One decode step of ``batch`` sequences at ``context`` tokens, eager and from graphs."""
-    from runtime.forward_batch import build_forward_batch
+    from agentlang.runtime.attention.forward_batch import build_forward_batch
 
     pool, backend, alloc, graphs = stack
     S = pool.page_size
@@ -165,7 +165,7 @@ def decode_cell(model, stack, batch: int, context: int, gbps: float, rng: random
 
 
 def prefill_cell(model, stack, batch: int, tokens: int, tflops: float) -> dict:
-    from runtime.forward_batch import build_forward_batch
+    from agentlang.runtime.attention.forward_batch import build_forward_batch
 
     pool, backend, alloc, _ = stack
     S, c = pool.page_size, model.config
@@ -211,9 +211,9 @@ def engine_over(model, tokenizer_dir: Path, name: str):
     """Build ``runtime.Engine`` over the in-memory ``model``: the engine's loader is replaced
     for the duration (the random 16 GB model has no files), the tokenizer comes from
     ``tokenizer_dir``."""
-    from runtime import engine as engine_module
-    from runtime.model_loader import ResolvedModel
-    from runtime.models.llama import LlamaModel
+    from agentlang.runtime.engine import engine as engine_module
+    from agentlang.runtime.weights.model_loader import ResolvedModel
+    from agentlang.runtime.models.llama import LlamaModel
 
     with mock.patch.object(engine_module, "resolve_model",
                            lambda *_a, **_k: ResolvedModel(tokenizer_dir, name)), \
@@ -224,7 +224,7 @@ def engine_over(model, tokenizer_dir: Path, name: str):
 def shared_prefix(model, plan: Plan, tokenizer_dir: Path) -> dict:
     from bench.throughput import run_engine
     from bench.workloads import shared_prefix_chat
-    from runtime import Engine, SamplingParams
+    from agentlang.runtime import Engine, SamplingParams
     from transformers import AutoTokenizer
 
     n, system, question, new = plan.shared_prefix

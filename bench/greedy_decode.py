@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from runtime.cuda_graph import DecodeGraphs
-from runtime.forward_batch import build_forward_batch
-from runtime.kv_pool import KVPool
-from runtime.page_allocator import PageAllocator
+from agentlang.runtime.execution.cuda_graph import DecodeGraphs
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.cache.kv_pool import KVPool
+from agentlang.runtime.cache.page_allocator import PageAllocator
 
 
 class GreedyDecoder:

@@ -17,8 +17,8 @@ import statistics
 import torch
 from torch.profiler import profile
 
-from runtime import Engine, SamplingParams
-from runtime.model_loader import resolve_model
+from agentlang.runtime import Engine, SamplingParams
+from agentlang.runtime.weights.model_loader import resolve_model
 
 MATMUL_OPS = ("aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm", "aten::mm",
               "aten::addmm", "aten::linear")

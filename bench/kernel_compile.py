@@ -35,8 +35,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-WRAPPER_MODULES = ("kernels.decode_attention", "kernels.extend_attention", "kernels.kv_store",
-                   "kernels.page_copy")
+WRAPPER_MODULES = ("agentlang.kernels.decode_attention", "agentlang.kernels.extend_attention", "agentlang.kernels.kv_store",
+                   "agentlang.kernels.page_copy")
 # one SM of sm_80 (A100) / sm_90 (H100, H200): registers, shared memory, resident programs
 SM_REGS = 65536
 SM_SHARED = {80: 167936, 90: 233472}
@@ -212,7 +212,7 @@ def launches(kernels, sweep: bool, arch: int):
 def report(arch: int = 90, sweep: bool = False, quiet: bool = False) -> list[tuple[str, Compiled]]:
     """Compile every launch of :func:`launches`; returns ``(label, Compiled)`` pairs (several
     per label when a wrapper launches several kernels). Raises on a compile failure."""
-    import kernels
+    import agentlang.kernels as kernels
 
     rows = []
     with CompileOnly(arch) as cc:

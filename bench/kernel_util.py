@@ -94,7 +94,7 @@ def quantized(kc, vc, cache_dtype):
     per-token scales, or unchanged with no scales when ``cache_dtype`` is None."""
     if cache_dtype is None:
         return kc, vc, {}
-    from kernels._quant import quantize_ref  # after bench/kernels.py chose the interpreter or not
+    from agentlang.kernels._quant import quantize_ref  # after bench/kernels.py chose the interpreter or not
 
     kq, ks = quantize_ref(kc, cache_dtype)
     vq, vs = quantize_ref(vc, cache_dtype)

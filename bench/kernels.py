@@ -238,7 +238,7 @@ def main() -> int:
         return 2
     import triton
 
-    import kernels  # only now: TRITON_INTERPRET is read when its kernels are defined
+    import agentlang.kernels as kernels  # only now: TRITON_INTERPRET is read when its kernels are defined
     from bench.kernel_checks import CheckLog, run_checks
     from bench.kernel_sweep import sweep, sweep_splits
 

@@ -8,7 +8,7 @@ per step) under one KV budget: the memory that holds 16 contiguous max-context r
 * **contiguous** — each request reserves ``max_context`` token slots when admitted (what the
   seeds describe): at most ``budget // max_context`` requests run at once.
 * **paged** — each request holds ``ceil(tokens / page_size)`` pages through the real
-  :class:`~runtime.page_table.PageTable` / :class:`~runtime.page_allocator.PageAllocator`,
+  :class:`~agentlang.runtime.cache.page_table.PageTable` / :class:`~agentlang.runtime.cache.page_allocator.PageAllocator`,
   growing one token at a time. A request is admitted when its prompt (+1) fits; if a decode
   runs out of pages the newest request is preempted (freed, re-queued at the front, its
   tokens recomputed on re-admission), as the scheduler does.
@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runtime.kv_pool import KVLayout
-from runtime.page_allocator import OutOfPagesError, PageAllocator
-from runtime.page_table import PageTable, kv_usage
+from agentlang.runtime.cache.kv_pool import KVLayout
+from agentlang.runtime.cache.page_allocator import OutOfPagesError, PageAllocator
+from agentlang.runtime.cache.page_table import PageTable, kv_usage
 
 # SmolLM2-135M in bf16: 30 layers x K,V x 3 kv heads x 64 dims x 2 bytes = 23040 bytes/token.
 SMOLLM2 = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, dtype=torch.bfloat16)

@@ -1,7 +1,7 @@
 """KV cache quantization: quality against the full-precision cache, and capacity.
 
 On the embedded model (SmolLM2-135M-Instruct, fp32 weights on CPU), for each 8-bit KV format
-(int8, fp8_e4m3, fp8_e5m2; per-token-per-head fp16 scales, see ``runtime/kv_quant.py``):
+(int8, fp8_e4m3, fp8_e5m2; per-token-per-head fp16 scales, see ``runtime/cache/kv_quant.py``):
 
 * **Teacher-forced agreement.** For each prompt of ``bench/data/kv_quant_prompts.json`` the
   full-precision run (fp32 KV) decodes greedily for ``--positions`` steps; every quantized run
@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from runtime.attention.base import make_backend
-from runtime.forward_batch import build_forward_batch
-from runtime.kv_plan import kv_layout, max_concurrent_requests
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.model_loader import resolve_model
-from runtime.models.llama import LlamaModel
+from agentlang.runtime.attention.base import make_backend
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.cache.kv_plan import kv_layout, max_concurrent_requests
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.weights.model_loader import resolve_model
+from agentlang.runtime.models.llama import LlamaModel
 
 ROOT = Path(__file__).resolve().parent
 QUANT_DTYPES = ("int8", "fp8_e4m3", "fp8_e5m2")

@@ -10,7 +10,7 @@ agent keeps the server busy, with priorities off, on, and on an idle server.
   new, seeded) as soon as the previous one finished, so that many are always queued or
   running. Label ``agent: background``.
 
-Runs, each on a fresh ``python -m runtime.server`` process with the same settings:
+Runs, each on a fresh ``python -m agentlang.runtime.server`` process with the same settings:
 ``idle`` (interactive agent alone), ``off`` (both agents, no priorities), ``on`` (both,
 interactive ``priority`` = ``--high``, background ``priority`` = 0). Background throughput =
 tokens generated on the server (``/metrics`` ``agentlang_generation_tokens_total``, counted
@@ -218,7 +218,7 @@ def main() -> None:
         args.bg_prompt_tokens, args.bg_new_tokens = 64, 32
     from transformers import AutoTokenizer
 
-    from runtime.model_loader import resolve_model
+    from agentlang.runtime.weights.model_loader import resolve_model
 
     tok = AutoTokenizer.from_pretrained(resolve_model().path)
     rng = random.Random(0)

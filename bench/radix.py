@@ -1,7 +1,7 @@
 """Radix prefix cache micro-benchmark: match / insert / evict on a ~100k-node tree.
 
 Runs the same workload on two checkouts side by side, each in its own process, so a change
-to ``runtime/radix_cache.py`` is measured against the code it replaces:
+to ``runtime/cache/radix_cache.py`` is measured against the code it replaces:
 
     python bench/radix.py --before /work/main          # this checkout vs /work/main
     python bench/radix.py --quick                       # small tree, this checkout only
@@ -41,8 +41,8 @@ def workload(keys: int, seed: int = 0) -> list[list[int]]:
 
 def measure(keys: int, matches: int, evictions: int) -> dict:
     """Run the phases on the ``runtime`` package this process imports."""
-    from runtime import radix_cache
-    from runtime.page_allocator import PageAllocator
+    from agentlang.runtime.cache import radix_cache
+    from agentlang.runtime.cache.page_allocator import PageAllocator
 
     as_key = getattr(radix_cache, "TokenKey", None)
     trusted = as_key.trusted if as_key is not None else list

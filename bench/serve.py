@@ -5,7 +5,7 @@ Workload (bench.workloads.shared_prefix_chat, greedy, ignore_eos): N requests = 
 concurrent clients (each client sends its next request when the previous one finished).
 
 - in-process: one Engine, C concurrent ``engine.async_stream`` consumers in this process;
-- HTTP: ``python -m runtime.server`` with the same engine settings in a subprocess, C concurrent
+- HTTP: ``python -m agentlang.runtime.server`` with the same engine settings in a subprocess, C concurrent
   streaming clients (httpx) on ``POST /v1/completions`` with the prompt as token ids (so both
   runs compute exactly the same tokens).
 
@@ -73,7 +73,7 @@ async def _drive(items: list[Item], concurrency: int, one) -> tuple[list[float],
 
 
 def run_inprocess(items: list[Item], concurrency: int, engine_kwargs: dict) -> dict:
-    from runtime import Engine, SamplingParams
+    from agentlang.runtime import Engine, SamplingParams
 
     engine = Engine("default", **engine_kwargs)
 
@@ -113,7 +113,7 @@ def _free_port() -> int:
 
 def start_server(engine_kwargs: dict, log_path: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "runtime.server", "--port", str(port), "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port), "--log-level", "warning"]
     for k, v in engine_kwargs.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
@@ -219,7 +219,7 @@ def main() -> None:
         args.requests, args.system_tokens, args.new_tokens, args.concurrency = 16, 256, 8, 8
     from transformers import AutoTokenizer
 
-    from runtime.model_loader import resolve_model
+    from agentlang.runtime.weights.model_loader import resolve_model
 
     tok = AutoTokenizer.from_pretrained(resolve_model().path)
     items = shared_prefix_chat(tok, args.requests, args.system_tokens, args.question_tokens,

@@ -2,7 +2,7 @@
 
 Why: the server, streaming and every concurrent DSL program step on the background thread
 (``Engine.start_background_loop``); it used to run at about half the caller-thread speed
-(two libgomp pools on two cores throttle the workers' spin-wait: :mod:`runtime.openmp_pool`).
+(two libgomp pools on two cores throttle the workers' spin-wait: :mod:`agentlang.runtime.core.openmp_pool`).
 
 Modes, interleaved in each round on one engine (greedy, ``ignore_eos``, blocking
 ``Engine.generate`` from the main thread):
@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.output import write_results  # noqa: E402
 from bench.workloads import independent  # noqa: E402
-from runtime import Engine, SamplingParams  # noqa: E402
+from agentlang.runtime import Engine, SamplingParams  # noqa: E402
 
 MODES = ("caller", "background", "background, pool held elsewhere")
 

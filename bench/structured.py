@@ -36,11 +36,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bench.output import results_path, write_results  # noqa: E402
 from data import budget_grid  # noqa: E402
 from data.schemas import KEY_HEAVY, SCHEMAS  # noqa: E402
-from runtime import Engine, SamplingParams  # noqa: E402
-import runtime.grammar.mask as mask_mod  # noqa: E402
-from runtime.errors import ErrorCode  # noqa: E402
-from runtime.grammar.budget import BudgetGuard  # noqa: E402
-from runtime.grammar.xgrammar_backend import XGrammarMatcher  # noqa: E402
+from agentlang.runtime import Engine, SamplingParams  # noqa: E402
+import agentlang.runtime.grammar.mask as mask_mod  # noqa: E402
+from agentlang.runtime.core.errors import ErrorCode  # noqa: E402
+from agentlang.runtime.grammar.budget import BudgetGuard  # noqa: E402
+from agentlang.runtime.grammar.xgrammar_backend import XGrammarMatcher  # noqa: E402
 
 PROMPTS = ["Give an example JSON value for '{n}'.",
            "Produce realistic data matching the '{n}' format.",

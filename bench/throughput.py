@@ -22,8 +22,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.output import write_results  # noqa: E402
 from bench.workloads import independent, shared_prefix_chat  # noqa: E402
-from runtime import Engine, SamplingParams  # noqa: E402
-from runtime.model_loader import resolve_model  # noqa: E402
+from agentlang.runtime import Engine, SamplingParams  # noqa: E402
+from agentlang.runtime.weights.model_loader import resolve_model  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

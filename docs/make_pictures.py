@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import agentlang as al  # noqa: E402
-from runtime.radix_draw import draw_radix_tree  # noqa: E402
+from agentlang.runtime.cache.radix_draw import draw_radix_tree  # noqa: E402
 
 
 @al.function

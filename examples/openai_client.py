@@ -1,6 +1,6 @@
 """The agentlang server from the official `openai` client: chat, streaming, JSON schema, tools.
 
-    python -m runtime.server --port 30000 &                  # or: agentlang serve
+    python -m agentlang.runtime.server --port 30000 &                  # or: agentlang serve
     python examples/openai_client.py --url http://127.0.0.1:30000
 
 Without `--url` the example starts a server subprocess on a free port itself (and stops it
@@ -85,12 +85,12 @@ def main(url, max_tokens=48):
 
 @contextlib.contextmanager
 def local_server(timeout=180):
-    """Start `python -m runtime.server` on a free port; yield its URL; stop it on exit."""
+    """Start `python -m agentlang.runtime.server` on a free port; yield its URL; stop it on exit."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.server", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
                              "--log-level", "warning"])
     try:
         deadline = time.monotonic() + timeout

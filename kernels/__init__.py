@@ -1,4 +1,4 @@
-"""Triton kernels for paged attention over the KV pool of :mod:`runtime.kv_pool`.
+"""Triton kernels for paged attention over the KV pool of :mod:`agentlang.runtime.cache.kv_pool`.
 
 Each kernel has a pure-torch float64 reference beside it (``*_ref``) for tests and benchmarks.
 The kernels run on CUDA tensors; on CPU they run under the Triton interpreter, which must be
@@ -6,20 +6,20 @@ switched on (``TRITON_INTERPRET=1``) before this package is first imported. Impo
 everywhere triton is installed; a launch the setup cannot run raises a clear error.
 """
 
-from kernels._common import LaunchConfig
-from kernels.decode_attention import (
+from agentlang.kernels._common import LaunchConfig
+from agentlang.kernels.decode_attention import (
     choose_num_splits,
     decode_attention,
     decode_attention_ref,
     default_decode_config,
 )
-from kernels.extend_attention import (
+from agentlang.kernels.extend_attention import (
     default_extend_config,
     extend_attention,
     extend_attention_ref,
 )
-from kernels.kv_store import store_kv, store_kv_ref
-from kernels.page_copy import copy_pages, copy_pages_ref
+from agentlang.kernels.kv_store import store_kv, store_kv_ref
+from agentlang.kernels.page_copy import copy_pages, copy_pages_ref
 
 __all__ = [
     "LaunchConfig",

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
-from kernels._quant import QUANT_DTYPES, check_scale
+from agentlang.kernels._quant import QUANT_DTYPES, check_scale
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CACHE_DTYPES = FLOAT_DTYPES + QUANT_DTYPES   # KV cache storage: float, or 8-bit with scales

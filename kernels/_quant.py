@@ -9,7 +9,7 @@ and a float16 scale per token and KV head, ``k_scale``/``v_scale`` [P, S, Hkv] b
     fp8:   q = fp8_rne(clamp(x / scale, -QMAX, QMAX))
     x'    = float(q) * float(scale)
 
-(``runtime.kv_quant`` implements the same format in torch for the CPU path.) The narrowing
+(``agentlang.runtime.cache.kv_quant`` implements the same format in torch for the CPU path.) The narrowing
 conversions are done with integer arithmetic on the fp32 bits rather than with ``.to()``: they
 then round to nearest even on every target, and the Triton interpreter (whose fp8/fp16
 narrowing truncates) agrees with torch bit for bit. Stored fp8 values are written through a
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runtime.kv_quant import QMAX, SCALE_DTYPE, SCALE_MAX, SCALE_MIN  # noqa: F401 (one owner)
+from agentlang.runtime.cache.kv_quant import QMAX, SCALE_DTYPE, SCALE_MAX, SCALE_MIN  # noqa: F401 (one owner)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from agentlang.kernels._common import (
     LaunchConfig,
     check_attention_inputs,
     check_launch_config,
@@ -28,8 +28,8 @@ from kernels._common import (
     page_table_checks,
     use_fp32_dot,
 )
-from kernels._paged_block import online_softmax_step, paged_qk_block
-from kernels._quant import dequantize_ref, quant_spec
+from agentlang.kernels._paged_block import online_softmax_step, paged_qk_block
+from agentlang.kernels._quant import dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
 MIN_TOKENS_PER_SPLIT = 256
@@ -185,7 +185,7 @@ def decode_attention(
     in q's dtype when not given). ``max_seq_len`` (host int, >= every seq_len) avoids a device
     sync when choosing ``num_splits``; ``check_indices=False`` skips the range checks of
     ``page_table``/``seq_lens`` (one sync) for callers that validated the same metadata already.
-    An 8-bit cache (int8, float8; see :mod:`kernels._quant`) needs ``k_scale, v_scale``
+    An 8-bit cache (int8, float8; see :mod:`agentlang.kernels._quant`) needs ``k_scale, v_scale``
     [P, S, Hkv] float16; K/V are dequantized right after each load. ``config`` overrides the
     launch (:func:`default_decode_config`).
     """

@@ -14,16 +14,15 @@ with an online softmax: a block is ``BLOCK_M`` new tokens of one query head, or 
 ``BLOCK_M`` (token, head) rows of one KV head's whole query group, which loads each K/V tile
 once per group instead of once per query head. Key blocks entirely below a query block's first
 position skip the causal mask; ``LaunchConfig(lazy_rescale=True)`` skips the accumulator
-rescale while no row's max grew by more than 2**8 (:func:`kernels._paged_block.softmax_pv`).
+rescale while no row's max grew by more than 2**8 (:func:`agentlang.kernels._paged_block.softmax_pv`).
 """
 
 from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 
-from kernels._common import (
+from agentlang.kernels._common import (
     LaunchConfig,
     check_attention_inputs,
     check_launch_config,
@@ -38,220 +37,10 @@ from kernels._common import (
     page_table_checks,
     use_fp32_dot,
 )
-from kernels._paged_block import online_softmax_step, paged_qk_block, qk_dot, softmax_pv
-from kernels._quant import dequantize_ref, quant_spec
+from agentlang.kernels._extend_kernel import extend_kernel
+from agentlang.kernels._quant import dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
-
-
-# What every key block of a program needs, bundled (Triton tuples):
-#   qrows = (q [BLOCK_M, BLOCK_D], q_pos [BLOCK_M], kvh, offs_n, offs_d, mask_d, qk_scale)
-#   pool = (K, V, KScale, VScale, PageTable, pt_row): the paged cache and the sequence's row
-#   pstr = the 12 strides of K, K's scales, V, V's scales ([P, S, Hkv] each)
-#   new = (KNew, VNew, q_start, prefix): the new tokens' K/V, position p at row q_start+p-prefix
-#   nstr = (stride_knt, stride_knh, stride_vnt, stride_vnh)
-
-
-@triton.jit
-def _scores(qk, n, mask_n, q_pos, qk_scale, CAUSAL: tl.constexpr):
-    """Scale ``qk [BLOCK_M, BLOCK_N]`` to log2 units; with ``CAUSAL`` mask (``-inf``) keys past
-    ``mask_n`` or above each row's position (else every key is visible)."""
-    if CAUSAL:
-        visible = mask_n[None, :] & (n[None, :] <= q_pos[:, None])            # [BLOCK_M, BLOCK_N]
-        return tl.where(visible, qk * qk_scale, float("-inf"))
-    return qk * qk_scale
-
-
-@triton.jit
-def _paged_block(
-    m_i, l_i, acc, n0, hi, Q, qrows, pool, pstr,
-    PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr, DOT_F32: tl.constexpr,
-    CAUSAL: tl.constexpr, LAZY: tl.constexpr,
-):
-    """Fold the keys at positions ``n0 + offs_n`` (those ``< hi``), read through the page table,
-    into the running softmax of the query rows; returns the new ``(m_i, l_i, acc)``."""
-    q, q_pos, kvh, offs_n, offs_d, mask_d, qk_scale = qrows
-    K, V, KScale, VScale, PageTable, pt_row = pool
-    n = n0 + offs_n
-    mask_n = n < hi
-    qk, page, v_off = paged_qk_block(
-        q, Q, K, KScale, PageTable, pt_row, n, mask_n, kvh, offs_d, mask_d,
-        pstr[0], pstr[1], pstr[2], pstr[3], pstr[4], pstr[5], pstr[6], pstr[7], pstr[8],
-        PAGE_SIZE, QUANT, DOT_F32,
-    )
-    qk = _scores(qk, n, mask_n, q_pos, qk_scale, CAUSAL)
-    return online_softmax_step(
-        qk, m_i, l_i, acc, Q, V, VScale, v_off, page, n, kvh, offs_d, mask_n, mask_d,
-        pstr[9], pstr[10], pstr[11], PAGE_SIZE, QUANT, DOT_F32, LAZY,
-    )
-
-
-@triton.jit
-def _new_block(
-    m_i, l_i, acc, n0, hi, Q, qrows, pool, pstr, new, nstr, KDesc, VDesc,
-    PAGE_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr,
-    CAUSAL: tl.constexpr, LAZY: tl.constexpr,
-    MIXED: tl.constexpr,   # the block straddles the prefix end: keys below it come from the pool
-    TMA: tl.constexpr,     # load the tiles through the tensor descriptors KDesc, VDesc
-):
-    """Like :func:`_paged_block`, the keys read from the new tokens' contiguous K/V."""
-    q, q_pos, kvh, offs_n, offs_d, mask_d, qk_scale = qrows
-    KNew, VNew, q_start, prefix = new
-    n = n0 + offs_n                                                           # [BLOCK_N]
-    mask_n = n < hi
-    if TMA:  # rows past the tensor's end read as zeros; masked below like any other row
-        kt = KDesc.load([q_start + n0 - prefix, kvh * BLOCK_D]).T             # [BLOCK_D, BLOCK_N]
-        v = VDesc.load([q_start + n0 - prefix, kvh * BLOCK_D])                # [BLOCK_N, BLOCK_D]
-    else:
-        r = (q_start + n - prefix).to(tl.int64)
-        k_ptr = KNew + r[None, :] * nstr[0] + kvh * nstr[1] + offs_d[:, None]
-        v_ptr = VNew + r[:, None] * nstr[2] + kvh * nstr[3] + offs_d[None, :]
-        if MIXED:
-            K, V, KScale, VScale, PageTable, pt_row = pool
-            cached = n < prefix
-            page = tl.load(PageTable + pt_row + n // PAGE_SIZE, mask=cached & mask_n,
-                           other=0).to(tl.int64)
-            k_off = page * pstr[0] + (n % PAGE_SIZE) * pstr[1] + kvh * pstr[2]
-            v_off = page * pstr[6] + (n % PAGE_SIZE) * pstr[7] + kvh * pstr[8]
-            k_ptr = tl.where(cached[None, :], K + k_off[None, :] + offs_d[:, None], k_ptr)
-            v_ptr = tl.where(cached[:, None], V + v_off[:, None] + offs_d[None, :], v_ptr)
-        kt = tl.load(k_ptr, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        v = tl.load(v_ptr, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-    qk = _scores(qk_dot(q, kt, Q, DOT_F32), n, mask_n, q_pos, qk_scale, CAUSAL)
-    return softmax_pv(qk, m_i, l_i, acc, v, Q, DOT_F32, LAZY)
-
-
-@triton.jit
-def _key_range(
-    m_i, l_i, acc, lo, hi, Q, qrows, pool, pstr, new, nstr, KDesc, VDesc,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    QUANT: tl.constexpr, DOT_F32: tl.constexpr, LAZY: tl.constexpr,
-    PAGED: tl.constexpr,   # through the page table (else from the new tokens' K/V)
-    CAUSAL: tl.constexpr, TMA: tl.constexpr,
-):
-    """Fold the key blocks starting at ``lo, lo + BLOCK_N, ... < hi`` (keys ``< hi``)."""
-    for n0 in range(lo, hi, BLOCK_N):
-        if PAGED:
-            m_i, l_i, acc = _paged_block(m_i, l_i, acc, n0, hi, Q, qrows, pool, pstr,
-                                         PAGE_SIZE, QUANT, DOT_F32, CAUSAL, LAZY)
-        else:
-            m_i, l_i, acc = _new_block(m_i, l_i, acc, n0, hi, Q, qrows, pool, pstr, new, nstr,
-                                       KDesc, VDesc, PAGE_SIZE, BLOCK_D, DOT_F32, CAUSAL, LAZY,
-                                       False, TMA)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _extend_kernel(
-    Q, K, V, KScale, VScale, PageTable, QStartLoc, PrefixLens, SeqLens, Out,
-    KNew, VNew, KDesc, VDesc,  # the new tokens' K/V [T, Hkv, D] (NEW_KV), as descriptors (TMA)
-    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
-    stride_qt, stride_qh,
-    stride_kp, stride_ks, stride_kh,
-    stride_vp, stride_vs, stride_vh,
-    stride_ksp, stride_kss, stride_kvh_s,  # k_scale [P, S, Hkv] (8-bit caches)
-    stride_vsp, stride_vss, stride_vvh_s,
-    stride_pt,
-    stride_ot, stride_oh,
-    stride_knt, stride_knh, stride_vnt, stride_vnh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_F32: tl.constexpr,
-    QUANT: tl.constexpr,  # 8-bit cache: dequantize K/V with their per-token scales after load
-    PACK_GQA: tl.constexpr,
-    NEW_KV: tl.constexpr,  # keys at positions >= the prefix come from KNew, VNew, not the pool
-    TMA: tl.constexpr,
-    PREFIX: tl.constexpr,  # some sequence may have a cached prefix (else NEW_KV reads no page)
-    LAZY: tl.constexpr,    # LaunchConfig.lazy_rescale (see softmax_pv)
-):
-    # grid (heads, sequences, query blocks), the last query blocks (the most keys under a causal
-    # mask) first: the longest programs start early and the short ones fill the tail
-    pid_h = tl.program_id(0)
-    b = tl.program_id(1)
-    mblk = tl.num_programs(2) - 1 - tl.program_id(2)
-
-    q_start = tl.load(QStartLoc + b)
-    ext_len = tl.load(QStartLoc + b + 1) - q_start
-    prefix = tl.load(PrefixLens + b)
-    seq_len = tl.load(SeqLens + b)
-    # A program's rows: BLOCK_M new tokens of one query head, or with PACK_GQA the
-    # BLOCK_M (token, head) pairs of one KV head's query group, token-major (row r = token
-    # r // GROUP, head r % GROUP of the group), so each K/V tile is loaded once per group.
-    if PACK_GQA:
-        kvh = pid_h
-        n_rows = ext_len * GROUP
-    else:
-        kvh = pid_h // GROUP
-        n_rows = ext_len
-    r0 = mblk * BLOCK_M
-    if r0 < n_rows:
-        offs_r = r0 + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        mask_m = offs_r < n_rows
-        mask_d = offs_d < HEAD_DIM
-        if PACK_GQA:
-            tok = offs_r // GROUP                                             # [BLOCK_M]
-            head = kvh * GROUP + offs_r % GROUP
-            first_tok = r0 // GROUP
-            last_tok = (r0 + BLOCK_M - 1) // GROUP
-        else:
-            tok = offs_r
-            head = pid_h + tl.zeros([BLOCK_M], dtype=tl.int32)
-            first_tok = r0
-            last_tok = r0 + BLOCK_M - 1
-        rows = (q_start + tok).to(tl.int64)
-        q = tl.load(
-            Q + rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-            mask=mask_m[:, None] & mask_d[None, :], other=0.0,
-        )                                                                     # [BLOCK_M, BLOCK_D]
-        q_pos = prefix + tok                                                  # [BLOCK_M]
-
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        # Keys below the block's first query position are visible to every row: those blocks
-        # skip the causal mask. Keys past the block's last query are masked for every row. The
-        # first masked block holds a key visible to every row (its first key is at or below the
-        # block's first position), so no row's running max stays -inf.
-        hi = tl.minimum(seq_len, prefix + last_tok + 1)
-        full_hi = (prefix + first_tok) // BLOCK_N * BLOCK_N
-        qrows = (q, q_pos, kvh, offs_n, offs_d, mask_d, qk_scale)
-        pool = (K, V, KScale, VScale, PageTable, b * stride_pt)
-        pstr = (stride_kp, stride_ks, stride_kh, stride_ksp, stride_kss, stride_kvh_s,
-                stride_vp, stride_vs, stride_vh, stride_vsp, stride_vss, stride_vvh_s)
-        new = (KNew, VNew, q_start, prefix)
-        nstr = (stride_knt, stride_knh, stride_vnt, stride_vnh)
-        keys = (Q, qrows, pool, pstr, new, nstr, KDesc, VDesc)
-        if NEW_KV:
-            # the same key blocks in the same order as below, each read from where its keys
-            # live: whole prefix blocks through the page table, the block straddling the
-            # prefix end from both, the rest from KNew, VNew
-            pb = 0
-            if PREFIX:
-                pa = prefix // BLOCK_N * BLOCK_N
-                pb = (prefix + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-                m_i, l_i, acc = _key_range(m_i, l_i, acc, 0, pa, *keys, PAGE_SIZE, BLOCK_N,
-                                           BLOCK_D, QUANT, DOT_F32, LAZY, True, False, False)
-                if pa < prefix:
-                    m_i, l_i, acc = _new_block(m_i, l_i, acc, pa, hi, *keys, PAGE_SIZE, BLOCK_D,
-                                               DOT_F32, True, LAZY, True, False)
-            m_i, l_i, acc = _key_range(m_i, l_i, acc, pb, full_hi, *keys, PAGE_SIZE, BLOCK_N,
-                                       BLOCK_D, QUANT, DOT_F32, LAZY, False, False, TMA)
-            m_i, l_i, acc = _key_range(m_i, l_i, acc, tl.maximum(full_hi, pb), hi, *keys,
-                                       PAGE_SIZE, BLOCK_N, BLOCK_D, QUANT, DOT_F32, LAZY, False,
-                                       True, TMA)
-        else:
-            m_i, l_i, acc = _key_range(m_i, l_i, acc, 0, full_hi, *keys, PAGE_SIZE, BLOCK_N,
-                                       BLOCK_D, QUANT, DOT_F32, LAZY, True, False, False)
-            m_i, l_i, acc = _key_range(m_i, l_i, acc, full_hi, hi, *keys, PAGE_SIZE, BLOCK_N,
-                                       BLOCK_D, QUANT, DOT_F32, LAZY, True, True, False)
-
-        o = acc / l_i[:, None]
-        tl.store(
-            Out + rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-            o.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :],
-        )
 
 
 def check_new_kv(k_new, v_new, k_cache, T: int, Hkv: int, D: int) -> None:
@@ -339,7 +128,7 @@ def extend_attention(
     <= max_pages*S. Returns ``out`` [T, Hq, D] (allocated in q's dtype when not given).
     ``max_extend_len`` (host int, >= every extend length) avoids a device sync;
     ``check_indices=False`` skips the metadata range checks (one sync). An 8-bit cache (int8,
-    float8; see :mod:`kernels._quant`) needs ``k_scale, v_scale`` [P, S, Hkv] float16; K/V are
+    float8; see :mod:`agentlang.kernels._quant`) needs ``k_scale, v_scale`` [P, S, Hkv] float16; K/V are
     dequantized right after each load. ``config`` overrides the launch
     (:func:`default_extend_config`).
 
@@ -364,7 +153,7 @@ def extend_attention(
     check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev, contiguous=True)
     check_shape("seq_lens", seq_lens, (B,))
     out = checked_out(out, q, sm_scale)
-    check_launchable(_extend_kernel, dev)
+    check_launchable(extend_kernel, dev)
     check_new_kv(k_new, v_new, k_cache, T, Hkv, D)
     if max_prefix_len is not None and (not isinstance(max_prefix_len, int) or max_prefix_len < 0):
         raise ValueError(f"max_prefix_len must be an int >= 0 or None, got {max_prefix_len!r}")
@@ -391,7 +180,7 @@ def extend_attention(
 
     block_d = next_pow2(D, 16)
     cfg = check_launch_config(
-        default_extend_config(D, is_interpreted(_extend_kernel)) if config is None else config)
+        default_extend_config(D, is_interpreted(extend_kernel)) if config is None else config)
     quant = quant_spec(k_cache.dtype) is not None
     ks = k_scale if quant else k_cache  # unused pointers when not quantized
     vs = v_scale if quant else v_cache
@@ -408,7 +197,7 @@ def extend_attention(
     if max(grid[1:]) > 65535:  # CUDA's limit on the grid's y and z dimensions
         raise ValueError(f"extend_attention launches at most 65535 sequences and query blocks; "
                          f"got {B} sequences and {grid[2]} blocks of {cfg.block_m} rows")
-    _extend_kernel[grid](
+    extend_kernel[grid](
         q, k_cache, v_cache, ks, vs, page_table, q_start_loc, prefix_lens, seq_lens, out,
         kn, vn, kd, vd,
         float(sm_scale) * LOG2E,
@@ -423,7 +212,7 @@ def extend_attention(
         GROUP=group, HEAD_DIM=D, PAGE_SIZE=S,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
         # an 8-bit cache is dequantized to fp32 and enters the dots like a cache in q's dtype
-        DOT_F32=use_fp32_dot(precision, _extend_kernel, q.dtype,
+        DOT_F32=use_fp32_dot(precision, extend_kernel, q.dtype,
                              q.dtype if quant else k_cache.dtype),
         QUANT=quant, PACK_GQA=cfg.pack_gqa, NEW_KV=new_kv, TMA=cfg.tma,
         PREFIX=not new_kv or max_prefix_len is None or max_prefix_len > 0,

@@ -2,7 +2,7 @@
 
 Token ``t`` goes to slot ``slot_mapping[t] = page * page_size + offset``, i.e.
 ``k_cache[page, offset] = k[t]`` (and the same for V), converted to the cache's dtype. An 8-bit
-cache (int8 / fp8, see :mod:`kernels._quant`) is quantized on store: each (token, head) row gets
+cache (int8 / fp8, see :mod:`agentlang.kernels._quant`) is quantized on store: each (token, head) row gets
 its scale written to ``k_scale[page, offset, head]`` (``v_scale`` for V).
 """
 
@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from agentlang.kernels._common import (
     FLOAT_DTYPES,
     check_kv_cache,
     check_launchable,
@@ -21,7 +21,7 @@ from kernels._common import (
     check_tensor,
     next_pow2,
 )
-from kernels._quant import quant_spec, quantize_ref, quantize_rows
+from agentlang.kernels._quant import quant_spec, quantize_ref, quantize_rows
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from agentlang.kernels._common import (
     CACHE_DTYPES,
     check_launchable,
     check_ranges,
@@ -20,7 +20,7 @@ from kernels._common import (
     check_tensor,
     next_pow2,
 )
-from kernels._quant import SCALE_DTYPE, quant_spec
+from agentlang.kernels._quant import SCALE_DTYPE, quant_spec
 
 
 @triton.jit

@@ -23,7 +23,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="session")
 def model_path():
-    from runtime.model_loader import resolve_model
+    from agentlang.runtime.weights.model_loader import resolve_model
 
     return resolve_model().path
 
@@ -90,7 +90,7 @@ def prompt_ids(tokenizer):
 @pytest.fixture(scope="module")
 def tiny_llama_dir(tmp_path_factory):
     from bench.gpu_engine import random_llama
-    from runtime.model_loader import resolve_model
+    from agentlang.runtime.weights.model_loader import resolve_model
 
     return random_llama(
         resolve_model().path, tmp_path_factory.mktemp("tiny_llama"), hidden_size=64,

@@ -1,18 +1,18 @@
 """Decoding helpers for the CUDA-graph tests: a capture that always fails, a tiny random Llama,
 and a greedy decoder over a fresh pool whose decode steps go through
-:class:`runtime.cuda_graph.DecodeGraphs` (captured by ``RerunCapture``) or run eagerly."""
+:class:`agentlang.runtime.execution.cuda_graph.DecodeGraphs` (captured by ``RerunCapture``) or run eagerly."""
 
 from __future__ import annotations
 
 import torch
 
 from bench.greedy_decode import GreedyDecoder
-from runtime.attention.torch_backend import TorchAttentionBackend
-from runtime.cuda_graph import make_decode_graphs
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.models.config import LlamaConfig
-from runtime.models.llama import LlamaModel
-from runtime.page_allocator import PageAllocator
+from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
+from agentlang.runtime.execution.cuda_graph import make_decode_graphs
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.models.config import LlamaConfig
+from agentlang.runtime.models.llama import LlamaModel
+from agentlang.runtime.cache.page_allocator import PageAllocator
 
 PAGE = 4
 

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import torch
 
-from runtime.agent_stats import AgentStats
-from runtime.errors import UNFIT_IN_KV_POOL
-from runtime.layer_break import LayerBreaks
-from runtime.output_processor import OutputProcessor
-from runtime.page_allocator import PageAllocator
-from runtime.radix_cache import RadixCache
-from runtime.request import RequestGroup
-from runtime.request_builder import LazyGrammarCache, RequestBuilder
-from runtime.request_tracker import RequestTracker
-from runtime.sampling_params import SamplingParams
-from runtime.scheduled import ScheduledItem
-from runtime.scheduler import Scheduler, SchedulerConfig
+from agentlang.runtime.core.agent_stats import AgentStats
+from agentlang.runtime.core.errors import UNFIT_IN_KV_POOL
+from agentlang.runtime.engine.layer_break import LayerBreaks
+from agentlang.runtime.engine.output_processor import OutputProcessor
+from agentlang.runtime.cache.page_allocator import PageAllocator
+from agentlang.runtime.cache.radix_cache import RadixCache
+from agentlang.runtime.request.request import RequestGroup
+from agentlang.runtime.engine.request_builder import LazyGrammarCache, RequestBuilder
+from agentlang.runtime.engine.request_tracker import RequestTracker
+from agentlang.runtime.sampling.params import SamplingParams
+from agentlang.runtime.scheduler.scheduled import ScheduledItem
+from agentlang.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
 VOCAB = 64
 EOS = VOCAB - 1

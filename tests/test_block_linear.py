@@ -1,4 +1,4 @@
-"""The native matmul over GGUF blocks (``runtime/native``, ``runtime/block_linear.py``) against
+"""The native matmul over GGUF blocks (``runtime/quant/native``, ``runtime/quant/block_linear.py``) against
 float64 references: the file's blocks decoded exactly, activations quantized per 32 values as
 the kernel documents. Row invariance is bitwise: alone, batched, and with 1 or 2 threads."""
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.block_linear import BlockLinear
-from runtime.gguf_weights import block_linear
-from runtime.native import KIND_Q4, KIND_Q8, qmatmul_library, unavailable_reason
-from runtime.quant_linear import QuantEmbedding
+from agentlang.runtime.quant.block_linear import BlockLinear
+from agentlang.runtime.weights.gguf_weights import block_linear
+from agentlang.runtime.quant.native import KIND_Q4, KIND_Q8, qmatmul_library, unavailable_reason
+from agentlang.runtime.quant.quant_linear import QuantEmbedding
 
 gguf = pytest.importorskip("gguf")
 
@@ -112,7 +112,7 @@ def test_calls_from_bf16_gemm_rows_on_run_bf16_gemms(lib, qtype, monkeypatch):
     ref = large.double() @ w.T + lin.bias.double()
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2    # bf16 rounding, no worse
     assert lin(large.float()).dtype == torch.float32
-    monkeypatch.setattr("runtime.block_linear.GEMM_SLICE_BYTES", 2 * K * 16)   # 5 slices of rows
+    monkeypatch.setattr("agentlang.runtime.quant.block_linear.GEMM_SLICE_BYTES", 2 * K * 16)   # 5 slices of rows
     assert torch.allclose(lin(large).float(), y.float(), rtol=1e-2, atol=1e-2)
     assert ((lin(large).double() - ref).norm() / ref.norm()).item() < 1e-2
 

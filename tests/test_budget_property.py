@@ -9,7 +9,7 @@ import pytest
 
 from data import budget_grid as G
 from data.schemas import OUTLINES_UNSUPPORTED
-from runtime import Engine
+from agentlang.runtime import Engine
 
 pytestmark = pytest.mark.slow
 

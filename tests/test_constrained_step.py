@@ -1,5 +1,5 @@
-"""The constrained-sampling step (:mod:`runtime.constrained_step`) and submit-time refusal of
-constraints no output satisfies (:mod:`runtime.grammar.satisfiable`).
+"""The constrained-sampling step (:mod:`agentlang.runtime.engine.constrained_step`) and submit-time refusal of
+constraints no output satisfies (:mod:`agentlang.runtime.grammar.satisfiable`).
 
 Fast parts: the torch reference mask kernel against xgrammar's, the backend-neutral modules'
 imports, the satisfiability checks, the batched step against the per-row reference
@@ -18,17 +18,17 @@ import torch
 from step_harness import EOS, VOCAB, StepHarness
 
 from data.schemas import SCHEMAS
-from runtime.constrained_step import ConstrainedStep, StepJob, verify_draft
-from runtime.detokenizer import OutputText
-from runtime.errors import ErrorCode
-from runtime.grammar import constraint_from_params, make_grammar_backend
-from runtime.grammar.base import (CompiledGrammar, GrammarMatcher, bitmask_width,
+from agentlang.runtime.engine.constrained_step import ConstrainedStep, StepJob, verify_draft
+from agentlang.runtime.request.detokenizer import OutputText
+from agentlang.runtime.core.errors import ErrorCode
+from agentlang.runtime.grammar import constraint_from_params, make_grammar_backend
+from agentlang.runtime.grammar.base import (CompiledGrammar, GrammarMatcher, bitmask_width,
                                   torch_bitmask_kernel)
-from runtime.grammar.jump_forward import draft_tokens
-from runtime.grammar.satisfiable import UnsatisfiableConstraint
-from runtime.grammar.vocab import TokenVocab
-from runtime.request import Request, RequestGroup
-from runtime.sampling_params import SamplingParams
+from agentlang.runtime.grammar.jump_forward import draft_tokens
+from agentlang.runtime.grammar.satisfiable import UnsatisfiableConstraint
+from agentlang.runtime.grammar.vocab import TokenVocab
+from agentlang.runtime.request.request import Request, RequestGroup
+from agentlang.runtime.sampling.params import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 V = 49152
@@ -38,7 +38,7 @@ V = 49152
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [None, [0, 2]])
 def test_torch_kernel_equals_xgrammar_kernel(dtype, rows):
-    from runtime.grammar.xgrammar_backend import xgrammar_bitmask_kernel
+    from agentlang.runtime.grammar.xgrammar_backend import xgrammar_bitmask_kernel
 
     g = torch.Generator().manual_seed(0)
     mask = torch.randint(-2**31, 2**31 - 1, (3, bitmask_width(V)), dtype=torch.int32, generator=g)
@@ -74,7 +74,7 @@ def test_backend_neutral_grammar_layer_imports_no_grammar_library():
             top = _imports(f, module_level_only=True)
             assert not any(n.split(".")[0] in ("xgrammar", "outlines_core") or
                            n.endswith("_backend") for n in top), (f.name, top)
-    for f in (ROOT / "runtime" / "constrained_step.py", ROOT / "runtime" / "sampler.py"):
+    for f in (ROOT / "runtime" / "engine" / "constrained_step.py", ROOT / "runtime" / "sampling" / "sampler.py"):
         assert not any("xgrammar" in n or "outlines" in n for n in _imports(f, False)), f.name
 
 
@@ -146,7 +146,7 @@ def test_batched_step_equals_the_per_row_reference(tokenizer, temperature):
     """ConstrainedStep.run (first rows batched, then the draft rows) draws the same tokens as
     verify_draft row by row with the plain sampler: the order the output processor used to
     sample in before the step was one module."""
-    from runtime.sampler import RowSpec, sample
+    from agentlang.runtime.sampling.sampler import RowSpec, sample
 
     compiled = make_grammar_backend("xgrammar", tokenizer, V).compile(
         constraint_from_params(json_schema=KEYS))
@@ -240,7 +240,7 @@ def test_a_row_with_no_allowed_token_fails_alone(temperature):
 # ---- through the engine -------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=["xgrammar", "outlines"])
 def eng(request, model_path):
-    from runtime import Engine
+    from agentlang.runtime import Engine
 
     return Engine(model_path, page_size=16, kv_budget_mb=64, grammar_backend=request.param)
 

@@ -12,12 +12,12 @@ import torch
 
 from graph_decoding import (PAGE, PROMPTS, SCHEDULE, Decoder, FailingCapture,
                             run_schedule, tiny_model)
-from runtime.attention.torch_backend import TorchAttentionBackend
-from runtime.cuda_graph import (BUCKETS, DecodeGraphs, RerunCapture, StaticDecodeBatch,
+from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
+from agentlang.runtime.execution.cuda_graph import (BUCKETS, DecodeGraphs, RerunCapture, StaticDecodeBatch,
                                 bucket_for, choose_buckets, make_decode_graphs)
-from runtime.forward_batch import build_forward_batch
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.page_allocator import PageAllocator
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.cache.page_allocator import PageAllocator
 
 def test_bucket_choice():
     assert BUCKETS == (1, 2, 4, 8, 16, 32, 64, 128, 256)

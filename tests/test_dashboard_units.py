@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cache_snapshot import snapshot_tree
-from runtime.page_allocator import PageAllocator, page_states
-from runtime.page_table import PageTable
-from runtime.radix_cache import RadixCache
-from runtime.server.errors import APIError
-from runtime.server.programs import ProgramTracker, parse_tag
+from agentlang.runtime.cache.snapshot import snapshot_tree
+from agentlang.runtime.cache.page_allocator import PageAllocator, page_states
+from agentlang.runtime.cache.page_table import PageTable
+from agentlang.runtime.cache.radix_cache import RadixCache
+from agentlang.runtime.server.errors import APIError
+from agentlang.runtime.server.ops.programs import ProgramTracker, parse_tag
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,7 +151,7 @@ def test_bad_program_tags_name_the_field(tag, field):
 def test_static_files_are_package_data():
     tomllib = pytest.importorskip("tomllib")      # Python >= 3.11
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    patterns = cfg["tool"]["setuptools"]["package-data"]["runtime.server"]
+    patterns = cfg["tool"]["setuptools"]["package-data"]["agentlang.runtime.server"]
     static = ROOT / "runtime" / "server" / "static"
     files = sorted(p.name for p in static.iterdir())
     assert files == ["dashboard.css", "dashboard.html", "dashboard.js"]
@@ -175,7 +175,7 @@ def test_evictions_are_recorded_with_namespace_and_size():
 
 
 def test_namespace_label_shows_precision_and_hides_the_salt():
-    from runtime.engine_snapshot import namespace_label
+    from agentlang.runtime.engine.snapshot import namespace_label
 
     label = namespace_label(("SmolLM2", "torch.float32", "fp8_e4m3", "secret-tenant"))
     assert label["kv"] == "fp8_e4m3" and label["model"] == "SmolLM2"

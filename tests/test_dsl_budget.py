@@ -13,8 +13,8 @@ import pytest
 import agentlang as al
 from agentlang.agent import call_schema, final_schema
 from data.dsl_tools import multiply, to_fahrenheit
-from runtime import SamplingParams
-from runtime.grammar.budget import BudgetTooSmall
+from agentlang.runtime import SamplingParams
+from agentlang.runtime.grammar.budget import BudgetTooSmall
 
 pytestmark = pytest.mark.slow
 

@@ -66,7 +66,7 @@ def test_backend_default_priority_and_the_request_it_sends():
 
 def test_program_name_label_is_sanitised():
     from agentlang.program import program_label
-    from runtime.agent_stats import check_label
+    from agentlang.runtime.core.agent_stats import check_label
 
     for name in ("planner", "<lambda>", "résumé", "x" * 100):
         assert check_label(program_label(name)) == program_label(name)

@@ -40,10 +40,10 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def endpoint():
-    if importlib.util.find_spec("runtime.server.cli") is None:
-        pytest.skip("the server (python -m runtime.server) is not built yet")
+    if importlib.util.find_spec("agentlang.runtime.server.cli") is None:
+        pytest.skip("the server (python -m agentlang.runtime.server) is not built yet")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.server", "--host", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "agentlang.runtime.server", "--host", "127.0.0.1",
                              "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
     url = f"http://127.0.0.1:{port}"

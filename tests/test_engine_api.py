@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from runtime import Engine, SamplingParams
+from agentlang.runtime import Engine, SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 
 from data.schemas import SCHEMAS
-from runtime import Engine, SamplingParams
-from runtime.grammar.budget import BudgetTooSmall
+from agentlang.runtime import Engine, SamplingParams
+from agentlang.runtime.grammar.budget import BudgetTooSmall
 
 pytestmark = pytest.mark.slow
 

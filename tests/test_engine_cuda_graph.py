@@ -8,9 +8,9 @@ import functools
 
 import pytest
 
-from runtime import Engine, SamplingParams
-from runtime import engine as engine_module
-from runtime.cuda_graph import RerunCapture, make_decode_graphs
+from agentlang.runtime import Engine, SamplingParams
+from agentlang.runtime.engine import engine as engine_module
+from agentlang.runtime.execution.cuda_graph import RerunCapture, make_decode_graphs
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog because", "1 2 3",
            "Write a haiku about paged attention kernels.", "def fibonacci(n):", "Hello"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime import Engine, SamplingParams
+from agentlang.runtime import Engine, SamplingParams
 
 pytestmark = pytest.mark.slow
 N_NEW = 24

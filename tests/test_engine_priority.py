@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from runtime import Engine, SamplingParams
+from agentlang.runtime import Engine, SamplingParams
 
 pytestmark = pytest.mark.slow
 N_NEW = 40

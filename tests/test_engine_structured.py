@@ -9,8 +9,8 @@ import lark
 import pytest
 from pydantic import BaseModel
 
-from runtime import Engine, SamplingParams
-from runtime.errors import ErrorCode
+from agentlang.runtime import Engine, SamplingParams
+from agentlang.runtime.core.errors import ErrorCode
 from data.schemas import KEY_HEAVY, OUTLINES_UNSUPPORTED, SCHEMAS
 
 pytestmark = pytest.mark.slow

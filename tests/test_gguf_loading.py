@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.attention.torch_backend import TorchAttentionBackend
-from runtime.block_linear import BF16_GEMM_ROWS, BlockLinear
-from runtime.forward_batch import build_forward_batch
-from runtime.gguf_file import GgufError
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.model_loader import resolve_model
-from runtime.models.gguf_model import load_gguf_model
-from runtime.native import bf16_matmuls_in_hardware, qmatmul_library
-from runtime.page_allocator import PageAllocator
-from runtime.quant_linear import QuantEmbedding, QuantLinear
+from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
+from agentlang.runtime.quant.block_linear import BF16_GEMM_ROWS, BlockLinear
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.weights.gguf_file import GgufError
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.weights.model_loader import resolve_model
+from agentlang.runtime.models.gguf_model import load_gguf_model
+from agentlang.runtime.quant.native import bf16_matmuls_in_hardware, qmatmul_library
+from agentlang.runtime.cache.page_allocator import PageAllocator
+from agentlang.runtime.quant.quant_linear import QuantEmbedding, QuantLinear
 
 L = 2
 SMALL = (64, 128, 4, 2, 16)          # hidden, ffn, heads, kv heads, head dim
@@ -206,7 +206,7 @@ def test_k_quant_blocks_are_decoded_dense(tmp_path, tokenizer_fields, qtype):
 
 
 def test_engine_loads_a_gguf_by_path(tmp_path, tokenizer_fields):
-    from runtime import Engine, SamplingParams
+    from agentlang.runtime import Engine, SamplingParams
 
     path = write_gguf(tmp_path / "tiny.gguf", tokenizer_fields, "Q4_1")
     eng = Engine(str(path), weights="auto", kv_budget_mb=8, page_size=4)
@@ -216,7 +216,7 @@ def test_engine_loads_a_gguf_by_path(tmp_path, tokenizer_fields):
     assert [len(o.token_ids) for o in outs] == [6, 6]
     eng.flush_cache()
     assert eng.allocator.num_free == eng.pool.num_pages
-    from runtime.kv_plan import describe_engine
+    from agentlang.runtime.cache.kv_plan import describe_engine
 
     stored = describe_engine(eng)["weights_bytes"]        # quantized buffers are counted
     assert 0.5 * path.stat().st_size < stored < 2 * path.stat().st_size
@@ -249,7 +249,7 @@ def test_embedded_file_in_bf16_batches_through_gemms_and_still_answers(monkeypat
     through bf16 GEMMs (batch-dependent rounding, so no bitwise claim), and the answer holds."""
     if not (quant_class("auto") is BlockLinear and bf16_matmuls_in_hardware()):
         pytest.skip("needs the native kernels and bf16 instructions")
-    from runtime import Engine, SamplingParams
+    from agentlang.runtime import Engine, SamplingParams
 
     calls = []
     gemm = BlockLinear._bf16_gemm

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import data.schemas as S
-from runtime.grammar import BACKENDS, constraint_from_params, make_grammar_backend
-from runtime.grammar.base import bitmask_allows, bitmask_width, ids_to_bitmask_row
+from agentlang.runtime.grammar import BACKENDS, constraint_from_params, make_grammar_backend
+from agentlang.runtime.grammar.base import bitmask_allows, bitmask_width, ids_to_bitmask_row
 
 VOCAB_SIZE = 49152
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from runtime.grammar import (
+from agentlang.runtime.grammar import (
     GrammarCache,
     apply_grammar_masks,
     bitmask_width,
@@ -16,9 +16,9 @@ from runtime.grammar import (
     jump_forward,
     make_grammar_backend,
 )
-from runtime.grammar.base import CompiledGrammar, GrammarBackend
-from runtime.constrained_step import verify_draft
-from runtime.grammar.jump_forward import draft_tokens
+from agentlang.runtime.grammar.base import CompiledGrammar, GrammarBackend
+from agentlang.runtime.engine.constrained_step import verify_draft
+from agentlang.runtime.grammar.jump_forward import draft_tokens
 
 V = 49152
 KEY_HEAVY = {
@@ -238,7 +238,7 @@ def test_concurrent_compiles_on_both_backends(tokenizer):
 
 
 def test_split_fill_then_apply(compiled):
-    from runtime.grammar import apply_grammar_bitmask, fill_grammar_bitmask
+    from agentlang.runtime.grammar import apply_grammar_bitmask, fill_grammar_bitmask
 
     assert fill_grammar_bitmask([None, None], V) is None
     apply_grammar_bitmask(torch.randn(2, V), None)  # no-op

@@ -15,9 +15,9 @@ import torch
 
 import data.schemas as S
 from data.validity import is_valid
-from runtime.grammar import BACKENDS, constraint_from_params, make_grammar_backend
-from runtime.grammar.base import bitmask_row_ids, bitmask_width
-from runtime.grammar.budget import BudgetGuard, BudgetTooSmall, check_budget, minimum_tokens
+from agentlang.runtime.grammar import BACKENDS, constraint_from_params, make_grammar_backend
+from agentlang.runtime.grammar.base import bitmask_row_ids, bitmask_width
+from agentlang.runtime.grammar.budget import BudgetGuard, BudgetTooSmall, check_budget, minimum_tokens
 
 VOCAB_SIZE = 49152
 REGEXES = [r"\(\d{3}\) \d{3}-\d{4}", r"[a-z]+@[a-z]+\.(com|org)", r"(yes|no|maybe)"]
@@ -112,7 +112,7 @@ TOOLS = [{"name": "get_weather", "parameters": WEATHER},
 def test_started_tool_call_is_always_valid(backends, tokenizer, seed):
     """tool_choice="auto": free text until ``<tool_call>``, then a valid call of one of the
     tools, even when the budget runs out inside the call."""
-    from runtime.server.tools import ToolPlan, ToolSpec
+    from agentlang.runtime.server.tools import ToolPlan, ToolSpec
 
     compiled = backends["xgrammar"].compile(constraint_from_params(tool_calls=TOOLS))
     rng = random.Random(seed)

@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from data.schemas import CALC
-from runtime.grammar.constraints import (
+from agentlang.runtime.grammar.constraints import (
     REGEX_BOOL,
     REGEX_FLOAT,
     REGEX_INT,

@@ -12,8 +12,8 @@ import xgrammar as xgr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.grammar.lark_ebnf import lark_to_ebnf
-from runtime.grammar.regex_ebnf import ebnf_string, regex_to_ebnf
+from agentlang.runtime.grammar.lark_ebnf import lark_to_ebnf
+from agentlang.runtime.grammar.regex_ebnf import ebnf_string, regex_to_ebnf
 
 
 class Acceptor:

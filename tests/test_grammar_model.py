@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import data.schemas as S
-from runtime.grammar import apply_grammar_masks, constraint_from_params, make_grammar_backend
-from runtime.constrained_step import verify_draft
-from runtime.grammar.jump_forward import draft_tokens
+from agentlang.runtime.grammar import apply_grammar_masks, constraint_from_params, make_grammar_backend
+from agentlang.runtime.engine.constrained_step import verify_draft
+from agentlang.runtime.grammar.jump_forward import draft_tokens
 
 pytestmark = pytest.mark.slow
 VOCAB_SIZE = 49152

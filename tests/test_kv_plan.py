@@ -9,7 +9,7 @@ import math
 import pytest
 
 from agentlang.cli import main
-from runtime.kv_plan import GIB, count_parameters, max_concurrent_requests, plan, plan_for_model
+from agentlang.runtime.cache.kv_plan import GIB, count_parameters, max_concurrent_requests, plan, plan_for_model
 
 LLAMA3_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
              "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256,
@@ -110,7 +110,7 @@ def test_directory_with_only_a_config_is_planned_from_the_architecture(tmp_path,
 
 
 def test_gguf_file_weights_are_its_tensor_bytes():
-    from runtime.model_loader import resolve_model
+    from agentlang.runtime.weights.model_loader import resolve_model
 
     gguf = resolve_model("default", "auto").path
     p = plan_for_model(str(gguf), context=4096, memory_gb=2, kv_dtype="int8")

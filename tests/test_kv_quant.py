@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.engine_config import EngineConfig
-from runtime.kv_plan import describe_engine
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.kv_quant import (
+from agentlang.runtime.engine.config import EngineConfig
+from agentlang.runtime.cache.kv_plan import describe_engine
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.cache.kv_quant import (
     KV_DTYPES,
     SCALE_MIN,
     check_kv_dtype_support,
@@ -22,8 +22,8 @@ from runtime.kv_quant import (
     kv_format,
     quantize,
 )
-from runtime.page_allocator import PageAllocator
-from runtime.radix_cache import RadixCache
+from agentlang.runtime.cache.page_allocator import PageAllocator
+from agentlang.runtime.cache.radix_cache import RadixCache
 
 QUANT = ["int8", "fp8_e4m3", "fp8_e5m2"]
 # not the bench's prompt set (bench/data/kv_quant_prompts.json)
@@ -126,14 +126,14 @@ def test_unknown_kv_dtype_is_rejected_with_the_accepted_values():
 
 
 def test_engine_start_fails_fast_on_bad_kv_dtype():
-    from runtime import Engine
+    from agentlang.runtime import Engine
 
     with pytest.raises(ValueError, match="kv_dtype must be one of"):
         Engine(kv_dtype="int3")
 
 
 def test_dtype_the_device_cannot_hold(monkeypatch):
-    from runtime import Engine
+    from agentlang.runtime import Engine
 
     monkeypatch.delattr(torch, "float8_e5m2")
     with pytest.raises(ValueError, match=r"needs torch\.float8_e5m2, which torch .* does not "
@@ -167,7 +167,7 @@ def test_prefix_cached_at_one_precision_misses_at_another():
 
 @pytest.fixture(scope="module")
 def int8_engine():
-    from runtime import Engine
+    from agentlang.runtime import Engine
 
     eng = Engine(kv_dtype="int8", num_pages=64, page_size=16, weights="dense")  # fp32 weights
     yield eng
@@ -176,7 +176,7 @@ def int8_engine():
 
 @pytest.mark.slow
 def test_engine_int8_pool_namespace_and_description(int8_engine):
-    from runtime import Engine, SamplingParams
+    from agentlang.runtime import Engine, SamplingParams
 
     eng = int8_engine
     assert eng.pool.buffer.dtype == torch.int8 and eng.pool.scales is not None

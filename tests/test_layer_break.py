@@ -1,4 +1,4 @@
-"""Breaks between layers (``runtime.layer_break``), on the model-free step harness: a
+"""Breaks between layers (``agentlang.runtime.engine.layer_break``), on the model-free step harness: a
 higher-priority arrival taken while a step of lower-priority work is in flight is admitted and
 gets its first token inside that step (above ``max_running`` by at most ``urgent_slots``,
 never preempting); equal priorities never break a step; greedy outputs and pages unchanged."""

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from runtime.attention.torch_backend import TorchAttentionBackend
-from runtime.forward_batch import build_forward_batch
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.models.llama import LlamaModel
-from runtime.page_allocator import PageAllocator
+from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.models.llama import LlamaModel
+from agentlang.runtime.cache.page_allocator import PageAllocator
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def test_last_logits_match_hf_alone_and_batched(ours, hf_model, prompt_ids, page
 
 @pytest.mark.parametrize("page_size", [1, 16, 32])
 def test_greedy_48_tokens_match_hf_generate(model_path, oracle, prompt_ids, page_size):
-    from runtime import Engine, SamplingParams
+    from agentlang.runtime import Engine, SamplingParams
 
     eng = Engine(model_path, page_size=page_size, kv_budget_mb=64)
     seqs = prompt_ids[:5]

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from runtime import model_loader
-from runtime.model_loader import ModelLoadError, resolve_model
+from agentlang.runtime.weights import model_loader
+from agentlang.runtime.weights.model_loader import ModelLoadError, resolve_model
 
 
 def test_default_is_found_without_importing_the_package():
@@ -62,7 +62,7 @@ def test_unsupported_architecture(tmp_path, model_path):
 
 
 def test_engine_reports_model_errors_clearly(tmp_path):
-    from runtime import Engine
+    from agentlang.runtime import Engine
 
     with pytest.raises(ValueError, match="does not exist"):
         Engine(str(tmp_path / "missing"))

@@ -1,4 +1,4 @@
-"""Decode steps in one native call per layer (``runtime/native_decode.py``) against the same
+"""Decode steps in one native call per layer (``runtime/models/decode_layer.py``) against the same
 model's torch layers: logits and stored K/V agree to float32 rounding, a sequence's result is
 bitwise the same alone or batched, and steps the native path does not serve fall back."""
 
@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
-from runtime.attention.torch_backend import TorchAttentionBackend
-from runtime.forward_batch import build_forward_batch
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.models.gguf_model import load_gguf_model
-from runtime.native import qmatmul_library
+from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.models.gguf_model import load_gguf_model
+from agentlang.runtime.quant.native import qmatmul_library
 from test_gguf_loading import tokenizer_fields, write_gguf  # noqa: F401  (fixture)
 
 PS = 4
@@ -21,7 +21,7 @@ PROMPTS = [[5, 17, 99, 3, 42, 8], list(range(60, 100)), [7, 8, 9]]
 @pytest.fixture(scope="module")
 def lib():
     if qmatmul_library() is None:
-        pytest.skip("no native library on this machine (runtime.native logs why)")
+        pytest.skip("no native library on this machine (agentlang.runtime.quant.native logs why)")
     return qmatmul_library()
 
 

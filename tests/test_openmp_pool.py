@@ -1,4 +1,4 @@
-"""Only the stepping thread keeps OpenMP workers (runtime.openmp_pool): the engine's
+"""Only the stepping thread keeps OpenMP workers (agentlang.runtime.core.openmp_pool): the engine's
 constructor, ``StepLoop.start`` and a caller waiting in ``StepLoop.run_until`` free their
 thread's libgomp pool, so the background step is not throttled by an idle pool.
 
@@ -32,7 +32,7 @@ def run_script(body: str, *args: str) -> str:
 @pytest.fixture(scope="module", autouse=True)
 def _gnu_openmp():
     out = run_script("""
-        from runtime.openmp_pool import release_thread_pool
+        from agentlang.runtime.core.openmp_pool import release_thread_pool
         print(release_thread_pool())
     """)
     if out.strip() != "True":
@@ -41,7 +41,7 @@ def _gnu_openmp():
 
 def test_release_frees_the_calling_threads_workers():
     out = run_script("""
-        from runtime.openmp_pool import release_thread_pool
+        from agentlang.runtime.core.openmp_pool import release_thread_pool
         base = count(); parallel_op(); held = count()
         assert held == base + 1, (base, held)
         assert release_thread_pool() and count() == base, count()
@@ -54,7 +54,7 @@ def test_release_frees_the_calling_threads_workers():
 
 def test_step_loop_start_and_waiting_callers_free_their_pools():
     out = run_script("""
-        from runtime.engine_loop import StepLoop
+        from agentlang.runtime.engine.step_loop import StepLoop
 
         class Idle:                       # a step with no work (StepLoop holds it weakly)
             def step(self): return False
@@ -85,7 +85,7 @@ def test_step_loop_start_and_waiting_callers_free_their_pools():
 def test_engine_constructor_frees_the_loaders_pool(tiny_llama_dir):
     out = run_script("""
         import sys
-        from runtime.engine import Engine
+        from agentlang.runtime.engine.engine import Engine
         parallel_op(); held = count()
         engine = Engine(sys.argv[1], kv_budget_mb=8)
         assert count() == held - 1, (held, count())

@@ -7,7 +7,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from runtime.errors import EngineError, ErrorCode
+from agentlang.runtime.core.errors import EngineError, ErrorCode
 from step_harness import EOS, StepHarness, expected_tokens, greedy, next_token
 
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.page_allocator import OutOfPagesError, PageAllocator, PageRefError
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.cache.page_allocator import OutOfPagesError, PageAllocator, PageRefError
 
 import torch
 

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from runtime.attention.torch_backend import TorchAttentionBackend
-from runtime.forward_batch import build_forward_batch
-from runtime.kv_pool import KVLayout, KVPool
-from runtime.page_allocator import OutOfPagesError, PageAllocator
-from runtime.page_table import PageTable, PageTableStats, kv_usage, memory_metrics
-from runtime.radix_cache import RadixCache
+from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.cache.page_allocator import OutOfPagesError, PageAllocator
+from agentlang.runtime.cache.page_table import PageTable, PageTableStats, kv_usage, memory_metrics
+from agentlang.runtime.cache.radix_cache import RadixCache
 
 LAYOUT = KVLayout(num_layers=3, num_kv_heads=2, head_dim=4, dtype=torch.float32)
 

@@ -1,5 +1,5 @@
-"""The priority policy alone (runtime/priority.py) and per-label accounting
-(runtime/agent_stats.py), on small stand-in requests: ordering, direction, aging bound,
+"""The priority policy alone (runtime/core/priority.py) and per-label accounting
+(runtime/core/agent_stats.py), on small stand-in requests: ordering, direction, aging bound,
 victim choice, make_room, label bounds and validation."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from runtime.agent_stats import OTHER, UNLABELED, AgentStats, check_label
-from runtime.priority import PRIORITY_MAX, PRIORITY_MIN, PriorityPolicy, check_priority
+from agentlang.runtime.core.agent_stats import OTHER, UNLABELED, AgentStats, check_label
+from agentlang.runtime.core.priority import PRIORITY_MAX, PRIORITY_MIN, PriorityPolicy, check_priority
 
 
 @dataclass(eq=False)

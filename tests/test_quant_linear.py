@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from runtime.quant_linear import QuantEmbedding, QuantLinear, pack_int4, unpack_int4
+from agentlang.runtime.quant.quant_linear import QuantEmbedding, QuantLinear, pack_int4, unpack_int4
 
 
 @pytest.mark.parametrize("N,K", [(96, 64), (960, 576), (48, 128), (64 * 70, 64)])

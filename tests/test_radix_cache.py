@@ -4,10 +4,10 @@ import random
 
 import pytest
 
-from runtime.page_allocator import PageAllocator, PageRefError
-from runtime.page_table import PageTable
-from runtime.radix_cache import RadixCache, TokenKey
-from runtime.radix_node import subtree
+from agentlang.runtime.cache.page_allocator import PageAllocator, PageRefError
+from agentlang.runtime.cache.page_table import PageTable
+from agentlang.runtime.cache.radix_cache import RadixCache, TokenKey
+from agentlang.runtime.cache.radix_node import subtree
 
 
 def nocopy(src, dst):

@@ -22,9 +22,9 @@ from hypothesis.stateful import (
     RuleBasedStateMachine, initialize, invariant, precondition, rule,
 )
 
-from runtime.page_allocator import OutOfPagesError, PageAllocator
-from runtime.page_table import PageTable
-from runtime.radix_cache import RadixCache, TreeNode
+from agentlang.runtime.cache.page_allocator import OutOfPagesError, PageAllocator
+from agentlang.runtime.cache.page_table import PageTable
+from agentlang.runtime.cache.radix_cache import RadixCache, TreeNode
 
 NAMESPACES = [("m", "bf16", None), ("m", "int8", None)]
 

@@ -4,8 +4,8 @@ of the distribution's top, never a NaN probability (a 500 before)."""
 
 import torch
 
-from runtime import SamplingParams
-from runtime.sampler import RowSpec, filter_probs, sample
+from agentlang.runtime import SamplingParams
+from agentlang.runtime.sampling.sampler import RowSpec, filter_probs, sample
 
 TINY = 5e-324      # the smallest positive double: 0.0 in float32
 

@@ -1,6 +1,7 @@
-"""Structure rules for ``runtime/`` and ``agentlang/`` (DESIGN.md, conventions), read from the
-source with ``ast``: no module-level import cycle, no access to another object's private
-attribute (``x._name`` where ``x`` is not ``self`` / ``cls``), no file over 330 lines."""
+"""Structure rules for ``agentlang/``, ``runtime/`` and ``kernels/`` (DESIGN.md, conventions),
+read from the source with ``ast``: no module-level import cycle, imports inside the runtime only
+point down its tree (:data:`LAYERS`), no access to another object's private attribute
+(``x._name`` where ``x`` is not ``self`` / ``cls``), no file over 330 lines."""
 
 from __future__ import annotations
 
@@ -10,19 +11,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("runtime", "agentlang")
+# repository folder → the import name it installs as (setup.py maps the same)
+PACKAGES = {"agentlang": "agentlang", "runtime": "agentlang.runtime", "kernels": "agentlang.kernels"}
 MAX_LINES = 330
+# The runtime's folders from the top of the tree down (docs/architecture.md): a module may
+# import its own folder and the folders below it, never one above. ``agentlang.kernels`` (the
+# Triton kernels) sits between attention, which launches them, and cache, whose KV format they
+# read. The frontend (the rest of ``agentlang``) is above all of them: nothing here imports it.
+LAYERS = ("agentlang.runtime.server", "agentlang.runtime.engine", "agentlang.runtime.execution",
+          "agentlang.runtime.scheduler", "agentlang.runtime.request",
+          "agentlang.runtime.sampling", "agentlang.runtime.grammar", "agentlang.runtime.models",
+          "agentlang.runtime.attention", "agentlang.kernels", "agentlang.runtime.cache",
+          "agentlang.runtime.weights", "agentlang.runtime.quant", "agentlang.runtime.core")
 
 
-def sources() -> dict[str, Path]:
+def sources(packages: dict[str, str] = PACKAGES) -> dict[str, Path]:
     """Module name → file, for every module of the checked packages."""
     out = {}
-    for pkg in PACKAGES:
-        for f in sorted((ROOT / pkg).rglob("*.py")):
-            parts = f.relative_to(ROOT).with_suffix("").parts
+    for folder, name in packages.items():
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            parts = f.relative_to(ROOT / folder).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
-            out[".".join(parts)] = f
+            out[".".join((name,) + parts)] = f
     return out
 
 
@@ -30,6 +41,50 @@ def _is_type_checking(node: ast.If) -> bool:
     t = node.test
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or \
         (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def imported_names(st: ast.stmt, name: str, is_pkg: bool, modules: set[str]) -> set[str]:
+    """The modules an ``import`` statement of module ``name`` names (``from pkg import module``
+    names the module, relative imports resolved); empty for any other statement."""
+    if isinstance(st, ast.Import):
+        return {a.name for a in st.names}
+    if not isinstance(st, ast.ImportFrom):
+        return set()
+    base = st.module or ""
+    if st.level:
+        pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+        pkg = pkg[: len(pkg) - (st.level - 1)]
+        base = ".".join(pkg + ([st.module] if st.module else []))
+    return {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in st.names}
+
+
+def all_imports(tree: ast.Module, name: str, is_pkg: bool, modules: set[str]) -> set[str]:
+    """Checked-package modules imported anywhere in the module (function bodies and
+    ``if TYPE_CHECKING:`` blocks included)."""
+    found: set[str] = set()
+    for st in ast.walk(tree):
+        found |= imported_names(st, name, is_pkg, modules)
+    return {m for m in found if m in modules and m != name}
+
+
+def layer_of(module: str) -> int | None:
+    """The index of ``module``'s folder in :data:`LAYERS`, or None outside them."""
+    for i, layer in enumerate(LAYERS):
+        if module == layer or module.startswith(layer + "."):
+            return i
+    return None
+
+
+def upward_imports(module: str, imports: set[str]) -> list[str]:
+    """The imports of ``module`` that point up the tree: to a folder above its own, or from
+    the runtime or the kernels to the frontend."""
+    own = layer_of(module)
+    if own is None:
+        return []
+    frontend = [m for m in imports if m.startswith("agentlang.") and layer_of(m) is None
+                and not m.startswith(("agentlang.runtime", "agentlang.kernels"))]
+    return sorted(frontend + [m for m in imports
+                              if (lay := layer_of(m)) is not None and lay < own])
 
 
 def module_level_imports(tree: ast.Module, name: str, is_pkg: bool,
@@ -40,17 +95,8 @@ def module_level_imports(tree: ast.Module, name: str, is_pkg: bool,
 
     def visit(body: list[ast.stmt]) -> None:
         for st in body:
-            if isinstance(st, ast.Import):
-                found.update(a.name for a in st.names)
-            elif isinstance(st, ast.ImportFrom):
-                base = st.module or ""
-                if st.level:
-                    pkg = name.split(".") if is_pkg else name.split(".")[:-1]
-                    pkg = pkg[: len(pkg) - (st.level - 1)]
-                    base = ".".join(pkg + ([st.module] if st.module else []))
-                for a in st.names:      # ``from pkg import module`` imports the module
-                    sub = f"{base}.{a.name}"
-                    found.add(sub if sub in modules else base)
+            if isinstance(st, (ast.Import, ast.ImportFrom)):
+                found.update(imported_names(st, name, is_pkg, modules))
             elif isinstance(st, ast.If) and not _is_type_checking(st):
                 visit(st.body)
                 visit(st.orelse)
@@ -119,7 +165,7 @@ def test_private_access_rule_itself():
 
 
 def test_the_checked_packages_are_found():
-    assert {"runtime.engine", "runtime.scheduler", "agentlang.interpreter"} <= set(SOURCES)
+    assert {"agentlang.runtime.engine.engine", "agentlang.runtime.scheduler.scheduler", "agentlang.interpreter"} <= set(SOURCES)
 
 
 def test_no_module_level_import_cycle():
@@ -127,6 +173,25 @@ def test_no_module_level_import_cycle():
     graph = {m: module_level_imports(ast.parse(f.read_text()), m, f.name == "__init__.py",
                                      modules) for m, f in SOURCES.items()}
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in SOURCES if layer_of(m) is not None))
+def test_imports_point_down_the_tree(module):
+    f = SOURCES[module]
+    imports = all_imports(ast.parse(f.read_text()), module, f.name == "__init__.py",
+                          set(SOURCES))
+    up = upward_imports(module, imports)
+    assert not up, (f"{module} imports {up}: above its folder in LAYERS (move the shared "
+                    "part down, or the module up)")
+
+
+def test_every_runtime_folder_is_a_layer():
+    folders = {p.name for p in (ROOT / "runtime").iterdir()
+               if p.is_dir() and (p / "__init__.py").exists()}
+    assert {f"agentlang.runtime.{f}" for f in folders} == \
+        {lay for lay in LAYERS if lay.startswith("agentlang.runtime.")}
+    loose = sorted(p.name for p in (ROOT / "runtime").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules outside the tree's folders: {loose}"
 
 
 @pytest.mark.parametrize("module", sorted(SOURCES))
@@ -152,3 +217,17 @@ def test_the_checks_can_fail():
                      "def f():\n    import runtime.d\n")
     assert module_level_imports(tree, "runtime.a", False,
                                 {"runtime.b", "runtime.c", "runtime.d"}) == {"runtime.b"}
+
+
+def test_the_import_rule_fails_on_a_planted_upward_import():
+    """A cache module that imports the scheduler (inside a function, or only for typing)
+    points up the tree: the rule names it; its downward import passes."""
+    mods = {"agentlang.runtime.cache.page_table", "agentlang.runtime.scheduler.scheduler",
+            "agentlang.runtime.core.errors", "agentlang.api"}
+    planted = ast.parse("from agentlang.runtime.core.errors import EngineError\n"
+                        "def f():\n    from agentlang.runtime.scheduler import scheduler\n"
+                        "if TYPE_CHECKING:\n    import agentlang.api\n")
+    imports = all_imports(planted, "agentlang.runtime.cache.page_table", False, mods)
+    assert upward_imports("agentlang.runtime.cache.page_table", imports) == \
+        ["agentlang.api", "agentlang.runtime.scheduler.scheduler"]
+    assert upward_imports("agentlang.runtime.server.app", imports) == ["agentlang.api"]

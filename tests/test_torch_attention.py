@@ -6,11 +6,11 @@ import random
 import pytest
 import torch
 
-from kernels import extend_attention_ref
-from runtime.attention import cascade
-from runtime.attention.torch_backend import TorchAttentionBackend
-from runtime.forward_batch import build_forward_batch
-from runtime.kv_pool import KVLayout, KVPool
+from agentlang.kernels import extend_attention_ref
+from agentlang.runtime.attention import cascade
+from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 
 PS, HKV, HQ, D = 4, 2, 6, 16
 
@@ -92,7 +92,7 @@ def test_decode_cascade_matches_the_reference(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,L", [(3, 1), (5, 37), (70, 1024)])
 def test_native_softmax_with_lse_against_float64(dtype, rows, L):
-    from runtime.native import qmatmul_library
+    from agentlang.runtime.quant.native import qmatmul_library
 
     lib = qmatmul_library()
     if lib is None:

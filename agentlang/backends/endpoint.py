@@ -27,7 +27,7 @@ import httpx
 from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt
 from agentlang.chat_template import ChatTemplate, derive_chat_template
 from agentlang.sampling import SamplingOptions
-from runtime.typed_values import VALUE_TYPE_REGEX
+from agentlang.runtime.core.typed_values import VALUE_TYPE_REGEX
 
 EXTENSIONS = ("lark_grammar", "program", "agent")   # agentlang-only top-level /generate fields
 

@@ -18,7 +18,7 @@ from agentlang.sampling import SamplingOptions
 
 
 def engine_option_names() -> list[str]:
-    from runtime.engine_config import EngineConfig
+    from agentlang.runtime.engine.config import EngineConfig
 
     return sorted(f.name for f in dataclasses.fields(EngineConfig) if f.name != "model")
 
@@ -29,7 +29,7 @@ class Runtime(Backend):
     def __init__(self, model: str = "default", *, priority: int | None = None,
                  **engine_args: Any):
         """``priority``: the default of every run that sets none (higher first).
-        ``engine_args`` are :class:`~runtime.engine_config.EngineConfig` options; ``weights``
+        ``engine_args`` are :class:`~agentlang.runtime.engine.config.EngineConfig` options; ``weights``
         defaults to ``"auto"`` here (a GGUF, the embedded model included, runs on its quantized
         tensors), where the bare engine's default is the exact ``"dense"``."""
         if "model_path" in engine_args:  # SGLang's name for the model
@@ -43,7 +43,7 @@ class Runtime(Backend):
                              f"{', '.join(accepted)}")
         self.set_default_priority(priority)
         engine_args.setdefault("weights", "auto")
-        from runtime import Engine
+        from agentlang.runtime import Engine
 
         self.engine = Engine(model=model, **engine_args)
         self.engine.start_background_loop()
@@ -78,7 +78,7 @@ class Runtime(Backend):
         if prefix:
             return self.engine.score(prefix, continuations)
         # Unconditional: each continuation alone; its first token has no context (None).
-        from runtime import SamplingParams
+        from agentlang.runtime import SamplingParams
 
         outs = self.engine.generate(list(continuations),
                                     SamplingParams(max_tokens=1, prompt_logprobs=0))
@@ -100,7 +100,7 @@ class Runtime(Backend):
 
     # -- mapping -----------------------------------------------------------------------
     def sampling_params(self, opts: SamplingOptions) -> Any:
-        from runtime import SamplingParams
+        from agentlang.runtime import SamplingParams
 
         fields = dict(
             max_tokens=opts.max_tokens, min_tokens=opts.min_tokens or 0,

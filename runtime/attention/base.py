@@ -1,6 +1,6 @@
 """Attention-backend interface: how a layer writes new K/V into the pool and attends over it.
 
-Every backend takes the same :class:`~runtime.forward_batch.ForwardBatch` metadata, so the model
+Every backend takes the same :class:`~agentlang.runtime.attention.forward_batch.ForwardBatch` metadata, so the model
 code does not know which one runs. ``torch`` is the CPU path and the reference; ``triton`` runs
 the paged kernels of :mod:`kernels` on a GPU.
 """
@@ -11,8 +11,8 @@ from typing import Protocol
 
 import torch
 
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_pool import KVPool
+from agentlang.runtime.attention.forward_batch import ForwardBatch
+from agentlang.runtime.cache.kv_pool import KVPool
 
 
 class AttentionBackend(Protocol):
@@ -50,9 +50,9 @@ def make_backend(name: str, device: torch.device) -> AttentionBackend:
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        from runtime.attention.torch_backend import TorchAttentionBackend
+        from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
-    from runtime.attention.triton_backend import TritonAttentionBackend
+    from agentlang.runtime.attention.triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend()

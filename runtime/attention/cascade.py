@@ -3,7 +3,7 @@
 Softmax attention over keys ``A ∪ B`` equals the attention over ``A`` and over ``B`` merged by
 their log-sum-exps, so a part that many queries share (a common system prompt) can be attended
 **once** for all of them, in one large matmul, and merged with each sequence's own part. The
-decode path (:mod:`runtime.attention.decode_plan`) and the extend path below both do this.
+decode path (:mod:`agentlang.runtime.attention.decode_plan`) and the extend path below both do this.
 
 An extend step whose sequences share leading cached pages (``n`` requests with one system
 prompt, each prefilling its own question) is planned once per step (:func:`extend_plan`): the
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.attention.decode_plan import shared_prefix_groups
-from runtime.native import qmatmul_library
+from agentlang.runtime.attention.decode_plan import shared_prefix_groups
+from agentlang.runtime.quant.native import qmatmul_library
 
 MAX_QUERY_TOKENS = 512   # query tokens a shared-part matmul takes at a time (bounds its scores)
 CAUSAL_BLOCK = 128       # query tokens a causal block: keys up to the block's last only
@@ -31,7 +31,7 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     q: [..., H, R, D] (the R query rows of each KV head: its G query heads × tokens);
     k, v: [..., L, H, D] as gathered from the pool; bias: additive (0 / -inf), broadcastable to
     [..., H, R, L], or None; no row may be masked entirely. The scores' matmul runs in q's
-    dtype; scale, softmax and lse in float32 (natively where :mod:`runtime.native` runs: three
+    dtype; scale, softmax and lse in float32 (natively where :mod:`agentlang.runtime.quant.native` runs: three
     passes over the scores, p written back in their dtype). Returns out [..., H, R, D] in v's
     dtype and lse [..., H, R] float32.
     """

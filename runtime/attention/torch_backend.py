@@ -3,13 +3,13 @@
 * Decode steps (one new token per sequence) run batched: K/V are gathered through the page
   tables into a padded tensor and attended per KV head (its G query heads as G rows of one
   matmul: GQA without head expansion). Which pages each sequence reads, the padding and the
-  groups below are planned once per step (:mod:`runtime.attention.decode_plan`), not per layer.
+  groups below are planned once per step (:mod:`agentlang.runtime.attention.decode_plan`), not per layer.
   When sequences share their leading pages (a common system prompt, forks, n > 1), the shared
   part is read **once** for the whole group and merged with each sequence's own suffix by
   log-sum-exp (cascade attention), so a 1k-token shared prompt is not re-read per sequence.
 * Steps with longer extends: sequences whose cached prefixes begin with the same pages (n
   requests with one system prompt) attend to those pages once for the whole group, merged
-  with each one's own part (:mod:`runtime.attention.cascade`); any other sequence runs alone,
+  with each one's own part (:mod:`agentlang.runtime.attention.cascade`); any other sequence runs alone,
   in causal blocks of queries (``causal_attend``).
 All K/V reads go through ``KVPool.gather`` (which dequantizes quantized pools).
 """
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from runtime.attention.cascade import (attend_lse, attend_shared, causal_attend, extend_group,
+from agentlang.runtime.attention.cascade import (attend_lse, attend_shared, causal_attend, extend_group,
                                       extend_plan, kv_of, merge_lse)
-from runtime.attention.decode_plan import DecodePlan, decode_plan
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_pool import KVPool
+from agentlang.runtime.attention.decode_plan import DecodePlan, decode_plan
+from agentlang.runtime.attention.forward_batch import ForwardBatch
+from agentlang.runtime.cache.kv_pool import KVPool
 
 
 class TorchAttentionBackend:

@@ -1,6 +1,6 @@
 """Paged attention with the Triton kernels of :mod:`kernels` (the GPU path).
 
-Takes the same :class:`~runtime.forward_batch.ForwardBatch` as the torch backend. Decode steps
+Takes the same :class:`~agentlang.runtime.attention.forward_batch.ForwardBatch` as the torch backend. Decode steps
 (one new token per sequence) use the split-KV decode kernel; every other step, mixed ones
 included, uses the extend kernel, which reads the new tokens' K/V from the layer's contiguous
 tensors (a float pool holds exactly those values) and only the cached prefixes through the page
@@ -16,10 +16,10 @@ from typing import NamedTuple
 
 import torch
 
-from kernels import copy_pages, decode_attention, extend_attention, store_kv
-from kernels._common import check_ranges, page_table_checks
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_pool import KVPool
+from agentlang.kernels import copy_pages, decode_attention, extend_attention, store_kv
+from agentlang.kernels._common import check_ranges, page_table_checks
+from agentlang.runtime.attention.forward_batch import ForwardBatch
+from agentlang.runtime.cache.kv_pool import KVPool
 
 
 class BatchMaxima(NamedTuple):

@@ -1,8 +1,8 @@
 """Structured generation: constraints, grammar backends, compiled-grammar cache, batch masks,
-jump-forward drafts. See :mod:`runtime.grammar.base` for the matcher contract; one sampling step
-under a constraint is :mod:`runtime.constrained_step`."""
+jump-forward drafts. See :mod:`agentlang.runtime.grammar.base` for the matcher contract; one sampling step
+under a constraint is :mod:`agentlang.runtime.engine.constrained_step`."""
 
-from runtime.grammar.base import (
+from agentlang.runtime.grammar.base import (
     BACKENDS,
     CompiledGrammar,
     GrammarBackend,
@@ -10,8 +10,8 @@ from runtime.grammar.base import (
     bitmask_width,
     make_grammar_backend,
 )
-from runtime.grammar.cache import GrammarCache
-from runtime.grammar.constraints import (
+from agentlang.runtime.grammar.cache import GrammarCache
+from agentlang.runtime.grammar.constraints import (
     REGEX_BOOL,
     REGEX_FLOAT,
     REGEX_INT,
@@ -19,8 +19,8 @@ from runtime.grammar.constraints import (
     Constraint,
     constraint_from_params,
 )
-from runtime.grammar.jump_forward import JumpForward, draft_tokens, jump_forward
-from runtime.grammar.mask import (
+from agentlang.runtime.grammar.jump_forward import JumpForward, draft_tokens, jump_forward
+from agentlang.runtime.grammar.mask import (
     FilledBitmask,
     apply_grammar_bitmask,
     apply_grammar_masks,

@@ -1,12 +1,12 @@
 """Grammar-backend interface: compile a :class:`Constraint` once, match it per request.
 
 ``GrammarBackend.compile(constraint)`` (slow: milliseconds for xgrammar, up to seconds for
-outlines; thread-safe, run it on :class:`~runtime.grammar.cache.GrammarCache`'s pool) returns a
+outlines; thread-safe, run it on :class:`~agentlang.runtime.grammar.cache.GrammarCache`'s pool) returns a
 :class:`CompiledGrammar`, shared by all requests with that constraint. Each request gets its own
 :class:`GrammarMatcher` from ``new_matcher()``; a matcher is not thread-safe and belongs to the
 engine loop.
 
-Token mask layout (shared by every backend and by :mod:`runtime.grammar.mask`): an int32 tensor
+Token mask layout (shared by every backend and by :mod:`agentlang.runtime.grammar.mask`): an int32 tensor
 ``bitmask [N, ceil(V/32)]`` on CPU, token ``t`` allowed in row ``r`` iff
 ``(bitmask[r, t // 32] >> (t % 32)) & 1``; ``V`` is the model's logits width (``vocab_size``).
 
@@ -17,7 +17,7 @@ Applying a bitmask to logits is a :data:`BitmaskKernel`, which a matcher names
 (:meth:`GrammarMatcher.mask_kernel`): :func:`torch_bitmask_kernel` (pure torch, the reference)
 unless its backend has a faster one. This module and the other backend-neutral ones
 (``mask``, ``vocab``, ``completion``, ``budget``, ``jump_forward``, ``constraints``) import no
-grammar library; everything xgrammar-specific lives in :mod:`runtime.grammar.xgrammar_backend`.
+grammar library; everything xgrammar-specific lives in :mod:`agentlang.runtime.grammar.xgrammar_backend`.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.grammar.constraints import Constraint
-from runtime.grammar.vocab import TokenVocab
+from agentlang.runtime.grammar.constraints import Constraint
+from agentlang.runtime.grammar.vocab import TokenVocab
 
 if TYPE_CHECKING:
-    from runtime.grammar.completion import ShortestCompletion, TokenTable
+    from agentlang.runtime.grammar.completion import ShortestCompletion, TokenTable
 
 BACKENDS = ("xgrammar", "outlines")
 
@@ -104,7 +104,7 @@ class GrammarMatcher(ABC):
         """The text the grammar forces next (e.g. ``'{"name":"'``), ``''`` when none: when more
         than one continuation is possible, when the output may end here, after termination.
         Only whole UTF-8 characters. Does not change the state: the caller tokenizes the text,
-        feeds the tokens to ``accept_token`` (see :mod:`runtime.grammar.jump_forward`)."""
+        feeds the tokens to ``accept_token`` (see :mod:`agentlang.runtime.grammar.jump_forward`)."""
 
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:
@@ -124,7 +124,7 @@ class GrammarMatcher(ABC):
     @abstractmethod
     def state_key(self) -> Hashable:
         """A hashable summary of the matching state for memoising per-state results (see
-        :mod:`runtime.grammar.completion`). Equal states give equal keys; a backend whose
+        :mod:`agentlang.runtime.grammar.completion`). Equal states give equal keys; a backend whose
         state cannot be summarised exactly may give equal keys to different states (callers
         verify what they reuse)."""
 
@@ -149,7 +149,7 @@ class GrammarMatcher(ABC):
 class CompiledGrammar(ABC):
     """A compiled constraint for one vocabulary; immutable and shareable across requests
     (``completion`` memoises shortest completions per state, see
-    :mod:`runtime.grammar.completion`)."""
+    :mod:`agentlang.runtime.grammar.completion`)."""
 
     constraint: Constraint
     completion: ShortestCompletion
@@ -187,17 +187,17 @@ def make_grammar_backend(
         raise ValueError(f"grammar_backend must be one of {BACKENDS}, got {name!r}")
     if not isinstance(vocab_size, int) or vocab_size <= 0:
         raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
-    from runtime.grammar.vocab import build_vocab
-    from runtime.grammar.xgrammar_backend import decoded_vocab
+    from agentlang.runtime.grammar.vocab import build_vocab
+    from agentlang.runtime.grammar.xgrammar_backend import decoded_vocab
 
     # xgrammar's tokenizer decoder (byte-level BPE, SentencePiece byte fallback, raw) serves
     # both backends: the vocabulary is backend-neutral once decoded.
     vocab = build_vocab(tokenizer, vocab_size, decoded_vocab(tokenizer, vocab_size),
                         stop_token_ids)
     if name == "xgrammar":
-        from runtime.grammar.xgrammar_backend import XGrammarBackend
+        from agentlang.runtime.grammar.xgrammar_backend import XGrammarBackend
 
         return XGrammarBackend(vocab, max_threads=max_threads)
-    from runtime.grammar.outlines_backend import OutlinesBackend
+    from agentlang.runtime.grammar.outlines_backend import OutlinesBackend
 
     return OutlinesBackend(vocab)

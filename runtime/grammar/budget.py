@@ -2,7 +2,7 @@
 
 Contract (one :class:`BudgetGuard` per request, next to its matcher): the guard always holds a
 *plan*, a verified token sequence that completes the output from the matcher's current state
-(:mod:`runtime.grammar.completion`), with ``len(plan) <= tokens left``. After each token the
+(:mod:`agentlang.runtime.grammar.completion`), with ``len(plan) <= tokens left``. After each token the
 caller accepted into the matcher, :meth:`BudgetGuard.settle` keeps that invariant:
 
 * the token is the plan's next token → the plan shrinks by one (no search);
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from runtime.grammar.base import CompiledGrammar, GrammarMatcher
-from runtime.grammar.satisfiable import UnsatisfiableConstraint
+from agentlang.runtime.grammar.base import CompiledGrammar, GrammarMatcher
+from agentlang.runtime.grammar.satisfiable import UnsatisfiableConstraint
 
 
 class BudgetTooSmall(ValueError):

@@ -16,8 +16,8 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from runtime.grammar.base import CompiledGrammar, GrammarBackend
-from runtime.grammar.constraints import Constraint
+from agentlang.runtime.grammar.base import CompiledGrammar, GrammarBackend
+from agentlang.runtime.grammar.constraints import Constraint
 
 
 class GrammarCache:

@@ -1,6 +1,6 @@
 """Shortest completions: from a matcher's state, the fewest tokens that reach an accepting state.
 
-Budget-aware decoding (:mod:`runtime.grammar.budget`) needs, after every token, a concrete valid
+Budget-aware decoding (:mod:`agentlang.runtime.grammar.budget`) needs, after every token, a concrete valid
 continuation whose length it can compare with the tokens left. Both backends are byte-level, so a
 completion is found as text and then tokenized:
 
@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from runtime.grammar.base import bitmask_width
+from agentlang.runtime.grammar.base import bitmask_width
 
 if TYPE_CHECKING:
-    from runtime.grammar.base import GrammarMatcher
-    from runtime.grammar.vocab import TokenVocab
+    from agentlang.runtime.grammar.base import GrammarMatcher
+    from agentlang.runtime.grammar.vocab import TokenVocab
 
 # Tab, newline, printable ASCII without the backslash (escapes never shorten a completion and
 # multiply the search states inside strings); "1" is tried before "0" (a year, month or day of

@@ -5,7 +5,7 @@ A request may set at most one of ``json_schema``, ``regex``, ``choices``, ``gram
 metaschema, regex compiles, Lark grammar parses with the ``lark`` package) and returns a frozen,
 hashable :class:`Constraint` whose ``spec`` is canonical text, so equal constraints share one
 compiled grammar in the cache. Every user mistake raises ``ValueError`` naming the field,
-including constraints no output satisfies (:mod:`runtime.grammar.satisfiable`).
+including constraints no output satisfies (:mod:`agentlang.runtime.grammar.satisfiable`).
 Backend-specific limits (an unsupported JSON-schema keyword, a regex feature a backend lacks) are
 reported by the backend when it compiles, also as ``ValueError``.
 """
@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.grammar.satisfiable import (check_lark_productive, check_regex_matches_something,
+from agentlang.runtime.grammar.satisfiable import (check_lark_productive, check_regex_matches_something,
                                          check_schema_consistent)
-from runtime.typed_values import (REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR,  # noqa: F401
+from agentlang.runtime.core.typed_values import (REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR,  # noqa: F401
                                   VALUE_TYPE_REGEX)
 
 CONSTRAINT_FIELDS = ("json_schema", "regex", "choices", "grammar", "value_type", "tool_calls")
@@ -186,7 +186,7 @@ def _normalize_choices(choices: list[str]) -> str:
 def _validate_lark(grammar: str) -> str:
     if not isinstance(grammar, str):
         raise ValueError(f"grammar: must be a Lark grammar string, got {type(grammar).__name__}")
-    from runtime.grammar.lark_ebnf import load_lark
+    from agentlang.runtime.grammar.lark_ebnf import load_lark
 
     parser = load_lark(grammar)  # raises ValueError("grammar: ... at line L, column C ...")
     check_lark_productive(parser)

@@ -1,6 +1,6 @@
 """Jump-forward: turn the grammar's forced text into tokens without one decode step per token.
 
-Two modes. **Exact** (:func:`draft_tokens` here, verified by :mod:`runtime.constrained_step`):
+Two modes. **Exact** (:func:`draft_tokens` here, verified by :mod:`agentlang.runtime.engine.constrained_step`):
 the forced text is tokenized into a draft, the engine runs one extend step over it, and every
 position is sampled from the model's own (masked) distribution; draft tokens are kept while
 they match. Output is identical
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from runtime.grammar.base import GrammarMatcher
+from agentlang.runtime.grammar.base import GrammarMatcher
 
 
 class JumpForward(NamedTuple):
@@ -87,7 +87,7 @@ def _decode(tokenizer, ids: list[int]) -> str:
 def draft_tokens(matcher: GrammarMatcher, tokenizer, max_tokens: int = 32) -> list[int]:
     """The grammar's forced text as a token draft (``[]`` when nothing is forced), at most
     ``max_tokens`` long, for exact jump-forward (verified by
-    :func:`runtime.constrained_step.verify_draft`). The matcher is not changed."""
+    :func:`agentlang.runtime.engine.constrained_step.verify_draft`). The matcher is not changed."""
     text = matcher.jump_forward_text()
     if not text:
         return []

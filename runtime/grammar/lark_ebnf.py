@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from runtime.grammar.regex_ebnf import ebnf_string, regex_to_ebnf
+from agentlang.runtime.grammar.regex_ebnf import ebnf_string, regex_to_ebnf
 
 _IGNORE_RULE = "lark_ignore"
 # Lark's common.ESCAPED_STRING uses a lookbehind; as a token (the lexer takes the shortest match

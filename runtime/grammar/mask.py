@@ -15,7 +15,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from runtime.grammar.base import (BitmaskKernel, GrammarMatcher, bitmask_width,
+from agentlang.runtime.grammar.base import (BitmaskKernel, GrammarMatcher, bitmask_width,
                                   torch_bitmask_kernel)
 
 

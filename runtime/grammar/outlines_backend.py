@@ -15,7 +15,7 @@ the token ``3`` it allows digits and EOS but not ``.``, and for choices ``a``/``
 generated); JSON is unaffected because its only final state is after the closing bracket.
 
 The tokenizer's vocabulary is decoded and the masks are applied with xgrammar's decoder and
-kernel (:mod:`runtime.grammar.xgrammar_backend`), so this backend needs xgrammar installed too.
+kernel (:mod:`agentlang.runtime.grammar.xgrammar_backend`), so this backend needs xgrammar installed too.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import json
 
 import torch
 
-from runtime.grammar.base import BitmaskKernel, CompiledGrammar, GrammarBackend, GrammarMatcher
-from runtime.grammar.completion import ShortestCompletion, TokenTable
-from runtime.grammar.constraints import Constraint
-from runtime.grammar.schema_support import check_schema_support
-from runtime.grammar.schema_unroll import bound_recursion
-from runtime.grammar.vocab import TokenVocab
-from runtime.grammar.xgrammar_backend import xgrammar_bitmask_kernel
+from agentlang.runtime.grammar.base import BitmaskKernel, CompiledGrammar, GrammarBackend, GrammarMatcher
+from agentlang.runtime.grammar.completion import ShortestCompletion, TokenTable
+from agentlang.runtime.grammar.constraints import Constraint
+from agentlang.runtime.grammar.schema_support import check_schema_support
+from agentlang.runtime.grammar.schema_unroll import bound_recursion
+from agentlang.runtime.grammar.vocab import TokenVocab
+from agentlang.runtime.grammar.xgrammar_backend import xgrammar_bitmask_kernel
 
 MAX_ROLLBACK_TOKENS = 1 << 16
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")

@@ -5,7 +5,7 @@ backend compiles it, so both backends refuse them alike and at submit).
   character (``[^\\s\\S]``, ``[^\\x00-\\U0010ffff]``) in a part every match must go through.
   The pattern is read with Python's own parser. Constructs whose emptiness is not decided here
   (anchors, lookaround) count as possibly matching; a dead end such a pattern reaches while
-  decoding fails that request alone (:mod:`runtime.constrained_step`).
+  decoding fails that request alone (:mod:`agentlang.runtime.engine.constrained_step`).
 * **JSON schemas with contradictory keywords** (:func:`check_schema_consistent`): in any
   subschema (outside ``not`` and ``if``), ``minItems`` > ``maxItems``, ``minLength`` >
   ``maxLength``, ``minProperties`` > ``maxProperties``, ``minContains`` > ``maxContains``, an

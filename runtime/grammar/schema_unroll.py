@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.grammar.schema_support import RESTRICTIVE
+from agentlang.runtime.grammar.schema_support import RESTRICTIVE
 
 DEFAULT_MAX_DEPTH = 3
 _SCHEMA_VALUED = ("items", "additionalItems", "contains", "not", "if", "then", "else",

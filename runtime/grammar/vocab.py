@@ -32,7 +32,7 @@ def build_vocab(
 ) -> TokenVocab:
     """The vocabulary of a Hugging Face tokenizer whose tokens decode to ``decoded[id]`` (raw
     bytes, ``vocab_size`` entries, ``b""`` for ids without text: see
-    :func:`runtime.grammar.xgrammar_backend.decoded_vocab`). ``stop_token_ids`` defaults to
+    :func:`agentlang.runtime.grammar.xgrammar_backend.decoded_vocab`). ``stop_token_ids`` defaults to
     ``[tokenizer.eos_token_id]``."""
     if stop_token_ids is None:
         if tokenizer.eos_token_id is None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from runtime.grammar.base import (
+from agentlang.runtime.grammar.base import (
     BitmaskKernel,
     CompiledGrammar,
     GrammarBackend,
@@ -22,13 +22,13 @@ from runtime.grammar.base import (
     bitmask_width,
     ids_to_bitmask_row,
 )
-from runtime.grammar.completion import ShortestCompletion, TokenTable
-from runtime.grammar.constraints import TOOL_CALL_TRIGGER, Constraint
-from runtime.grammar.lark_ebnf import lark_to_ebnf
-from runtime.grammar.regex_ebnf import ebnf_string
-from runtime.grammar.schema_support import check_schema_support
-from runtime.grammar.schema_unroll import bound_recursion
-from runtime.grammar.vocab import TokenVocab
+from agentlang.runtime.grammar.completion import ShortestCompletion, TokenTable
+from agentlang.runtime.grammar.constraints import TOOL_CALL_TRIGGER, Constraint
+from agentlang.runtime.grammar.lark_ebnf import lark_to_ebnf
+from agentlang.runtime.grammar.regex_ebnf import ebnf_string
+from agentlang.runtime.grammar.schema_support import check_schema_support
+from agentlang.runtime.grammar.schema_unroll import bound_recursion
+from agentlang.runtime.grammar.vocab import TokenVocab
 
 DEBUG_STATE = "_debug_print_internal_state"
 _STEPS = re.compile(r"There are (\d+) steps")
@@ -49,7 +49,7 @@ def decoded_vocab(tokenizer, vocab_size: int) -> list[bytes]:
 
 def xgrammar_bitmask_kernel(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int,
                             rows: Sequence[int] | None) -> None:
-    """xgrammar's :data:`~runtime.grammar.base.BitmaskKernel` (CPU, or CUDA/Triton on GPU)."""
+    """xgrammar's :data:`~agentlang.runtime.grammar.base.BitmaskKernel` (CPU, or CUDA/Triton on GPU)."""
     import xgrammar as xgr
 
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size,

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.model_loader import ModelLoadError, SUPPORTED_ARCHITECTURES
+from agentlang.runtime.weights.model_loader import ModelLoadError, SUPPORTED_ARCHITECTURES
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
-"""A :class:`~runtime.models.llama.LlamaModel` built straight from a GGUF file.
+"""A :class:`~agentlang.runtime.models.llama.LlamaModel` built straight from a GGUF file.
 
-The file is validated in full first (:func:`runtime.gguf_file.open_gguf`); then each linear is
-built by :class:`~runtime.gguf_weights.LinearBuilder` (q/k/v and gate/up fused by row
+The file is validated in full first (:func:`agentlang.runtime.weights.gguf_file.open_gguf`); then each linear is
+built by :class:`~agentlang.runtime.weights.gguf_weights.LinearBuilder` (q/k/v and gate/up fused by row
 concatenation, still quantized). With tied embeddings the LM head's quantized table also
-serves the embedding lookup (:class:`~runtime.quant_linear.QuantEmbedding`).
+serves the embedding lookup (:class:`~agentlang.runtime.quant.quant_linear.QuantEmbedding`).
 """
 
 from __future__ import annotations
@@ -15,23 +15,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runtime.block_linear import BlockLinear
-from runtime.gguf_file import open_gguf
-from runtime.gguf_weights import LinearBuilder
-from runtime.models.config import LlamaConfig
-from runtime.models.llama import LlamaModel
-from runtime.models.rope import RotaryEmbedding
-from runtime.native_decode import NativeDecoder
-from runtime.quant_linear import QuantEmbedding, QuantLinear
+from agentlang.runtime.quant.block_linear import BlockLinear
+from agentlang.runtime.weights.gguf_file import open_gguf
+from agentlang.runtime.weights.gguf_weights import LinearBuilder
+from agentlang.runtime.models.config import LlamaConfig
+from agentlang.runtime.models.llama import LlamaModel
+from agentlang.runtime.models.rope import RotaryEmbedding
+from agentlang.runtime.models.decode_layer import NativeDecoder
+from agentlang.runtime.quant.quant_linear import QuantEmbedding, QuantLinear
 
 
 def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu", kernels: str = "auto") -> LlamaModel:
     """Load a Llama/Mistral/Qwen2 GGUF. ``weights="auto"`` keeps Q4_0/Q4_1/Q8_0 tensors
     quantized (CPU only), ``"dense"`` decodes every tensor to ``dtype``. Quantized matmuls run
-    natively over the file's blocks where ``runtime.native`` runs (``kernels="auto"``), else
+    natively over the file's blocks where ``agentlang.runtime.quant.native`` runs (``kernels="auto"``), else
     (or with ``kernels="torch"``) in torch's int4/int8 kernels with bf16 activations; other
-    activations stay in ``dtype``. Raises :class:`~runtime.gguf_file.GgufError`."""
+    activations stay in ``dtype``. Raises :class:`~agentlang.runtime.weights.gguf_file.GgufError`."""
     gf = open_gguf(path)
     device = torch.device(device)
     if weights == "auto" and device.type != "cpu":

@@ -1,7 +1,7 @@
 """Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM) over the paged KV pool.
 
 The forward pass runs on a *flattened* batch of sequences of different lengths
-(:class:`~runtime.forward_batch.ForwardBatch`); every layer writes its new K/V into the pool
+(:class:`~agentlang.runtime.attention.forward_batch.ForwardBatch`); every layer writes its new K/V into the pool
 and attends through page tables via the attention backend. There is no per-request cache.
 """
 
@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from runtime.attention.base import AttentionBackend
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_pool import KVPool
-from runtime.model_loader import ModelLoadError
-from runtime.models.config import LlamaConfig
-from runtime.models.rope import RotaryEmbedding
+from agentlang.runtime.attention.base import AttentionBackend
+from agentlang.runtime.attention.forward_batch import ForwardBatch
+from agentlang.runtime.cache.kv_pool import KVPool
+from agentlang.runtime.weights.model_loader import ModelLoadError
+from agentlang.runtime.models.config import LlamaConfig
+from agentlang.runtime.models.rope import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -127,7 +127,7 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                     cfg.rope_scaling)
-        self.native_decoder = None    # runtime.native_decode.NativeDecoder, set by the GGUF loader
+        self.native_decoder = None    # agentlang.runtime.models.decode_layer.NativeDecoder, set by the GGUF loader
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend,

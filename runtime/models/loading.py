@@ -1,7 +1,7 @@
-"""Model + tokenizer for a :class:`~runtime.model_loader.ResolvedModel`, in one call.
+"""Model + tokenizer for a :class:`~agentlang.runtime.weights.model_loader.ResolvedModel`, in one call.
 
 HF directories load their safetensors as they are (``LlamaModel.from_pretrained``, in
-``dtype``). GGUF files load through :func:`~runtime.models.gguf_model.load_gguf_model`
+``dtype``). GGUF files load through :func:`~agentlang.runtime.models.gguf_model.load_gguf_model`
 (``weights="auto"`` keeps them quantized) and take their tokenizer from the file's metadata,
 converted by transformers once and cached under ``$AGENTLANG_CACHE/tokenizers`` (keyed by the
 file's path, size and modification time) beside a ``config.json`` written from the same metadata:
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.model_loader import ResolvedModel, cache_root
-from runtime.models.gguf_model import load_gguf_model
-from runtime.models.llama import LlamaModel
+from agentlang.runtime.weights.model_loader import ResolvedModel, cache_root
+from agentlang.runtime.models.gguf_model import load_gguf_model
+from agentlang.runtime.models.llama import LlamaModel
 
 
 class LoadedModel(NamedTuple):
@@ -50,7 +50,7 @@ def gguf_hf_dir(path: Path) -> Path:
     transformers) and ``config.json``, written once and cached."""
     from transformers import AutoTokenizer
 
-    from runtime.gguf_file import open_gguf
+    from agentlang.runtime.weights.gguf_file import open_gguf
 
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()

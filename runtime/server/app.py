@@ -1,4 +1,4 @@
-"""The FastAPI app over one :class:`~runtime.engine.Engine`.
+"""The FastAPI app over one :class:`~agentlang.runtime.engine.engine.Engine`.
 
 ``create_app(engine, api_key=None, served_model_name=None)`` wires the OpenAI-compatible
 routes, the native routes and the operations routes to a :class:`ServerState`, installs the
@@ -14,16 +14,18 @@ import logging
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from runtime.engine import Engine
-from runtime.server import dashboard, native, native_control, native_generate, \
-    native_info, openai_chat, openai_completions, ops
-from runtime.server.auth import BearerAuth
-from runtime.server.errors import install_error_handlers
-from runtime.server.openapi import install_openapi
-from runtime.server.state import ServerState
-from runtime.server.streaming import ClientDisconnected
+from agentlang.runtime.engine.engine import Engine
+from agentlang.runtime.server.openai import chat as openai_chat, completions as openai_completions
+from agentlang.runtime.server.ops import dashboard, routes as ops
+from agentlang.runtime.server.sglang import control as native_control, generate as native_generate, \
+    info as native_info, routes as native
+from agentlang.runtime.server.auth import BearerAuth
+from agentlang.runtime.server.errors import install_error_handlers
+from agentlang.runtime.server.openapi import install_openapi
+from agentlang.runtime.server.state import ServerState
+from agentlang.runtime.server.streaming import ClientDisconnected
 
-log = logging.getLogger("runtime.server")
+log = logging.getLogger("agentlang.runtime.server")
 
 
 def create_app(engine: Engine, api_key: str | None = None,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hmac
 import json
 
-from runtime.server import dashboard
-from runtime.server.errors import error_body
+from agentlang.runtime.server.ops import dashboard
+from agentlang.runtime.server.errors import error_body
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"}) | dashboard.OPEN_PATHS  # as in SGLang
 

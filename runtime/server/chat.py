@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
-from runtime.server.errors import bad_request
-from runtime.server.protocol import ROLES, ChatMessage
-from runtime.server.tools import ToolPlan
+from agentlang.runtime.server.errors import bad_request
+from agentlang.runtime.server.protocol import ROLES, ChatMessage
+from agentlang.runtime.server.tools import ToolPlan
 
 
 def normalize_messages(messages: list[ChatMessage], field: str = "messages") -> list[dict]:

@@ -1,9 +1,9 @@
-"""Command line of the server: ``python -m runtime.server`` and ``agentlang serve``.
+"""Command line of the server: ``python -m agentlang.runtime.server`` and ``agentlang serve``.
 
 - ``add_serve_arguments(parser)`` adds the flags to any parser;
 - ``add_serve_command(subparsers)`` adds the ``serve`` sub-command (its ``handler`` default
   is :func:`serve_main`) to a console script's sub-parsers;
-- ``main(argv, prog)`` parses ``argv`` and serves (``python -m runtime.server``);
+- ``main(argv, prog)`` parses ``argv`` and serves (``python -m agentlang.runtime.server``);
 - ``serve_main(args) -> int`` loads the engine, prints what it loaded and the URL once the
   socket listens, and serves in the foreground until Ctrl-C / SIGTERM (clean shutdown: open
   streams get a short grace period, then the engine loop stops). Returns the exit code.
@@ -102,8 +102,8 @@ def describe(engine, url: str, api_key: bool) -> str:
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    from runtime.engine import Engine
-    from runtime.server.app import create_app
+    from agentlang.runtime.engine.engine import Engine
+    from agentlang.runtime.server.app import create_app
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -143,7 +143,7 @@ class _Server(uvicorn.Server):
             self.on_ready()
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m runtime.server") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m agentlang.runtime.server") -> int:
     parser = add_serve_arguments(argparse.ArgumentParser(
         prog=prog,
         description="Serve a model over HTTP (OpenAI-compatible and native APIs)."))

@@ -3,7 +3,7 @@
 Handlers turn :class:`APIError`, request-validation errors (FastAPI's 422 → 400), unknown routes
 (404/405) and unexpected exceptions (500) into that shape, so a client always gets JSON it can
 read and the server keeps serving. A failed engine request carries a typed
-:class:`~runtime.errors.EngineError` (code + field) whose status comes from the one table
+:class:`~agentlang.runtime.core.errors.EngineError` (code + field) whose status comes from the one table
 :data:`ENGINE_ERROR_STATUS`; validation ``ValueError`` messages start with the field they are
 about (``"max_tokens: must be ..."``), which :func:`from_value_error` turns into ``param``.
 """
@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from runtime.errors import EngineError, EngineValueError, ErrorCode
+from agentlang.runtime.core.errors import EngineError, EngineValueError, ErrorCode
 
-log = logging.getLogger("runtime.server")
+log = logging.getLogger("agentlang.runtime.server")
 
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*):\s")
 

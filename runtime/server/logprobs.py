@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from runtime.sampler import TokenLogprob
+from agentlang.runtime.sampling.sampler import TokenLogprob
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 

@@ -1,6 +1,6 @@
 """The server's OpenAPI document (``/openapi.json``), truthful to what the server answers.
 
-Every route reads its body with :func:`runtime.server.protocol.parse_body` (one parser, one
+Every route reads its body with :func:`agentlang.runtime.server.protocol.parse_body` (one parser, one
 error shape) and declares it with ``openapi_extra=json_body(Model)``: the model's JSON schema
 (what ``parse_body`` accepts) becomes the operation's required ``application/json`` body, the
 model and the models it nests become ``components/schemas``. This module also adds what
@@ -28,9 +28,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from runtime.server.auth import OPEN_PATHS
-from runtime.server.protocol import TOKEN_ID_MARK
-from runtime.server.state import ServerState
+from agentlang.runtime.server.auth import OPEN_PATHS
+from agentlang.runtime.server.protocol import TOKEN_ID_MARK
+from agentlang.runtime.server.state import ServerState
 
 STREAMED: dict[int | str, dict[str, Any]] = {200: {
     "description": "The result as JSON, or with `stream: true` server-sent events "

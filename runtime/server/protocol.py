@@ -7,7 +7,7 @@ JSON schema (in ``/openapi.json``) is what the server accepts: ranges are pydant
 (``prompt``, ``stop``, ``tool_choice``, message ``content``) are ``Any`` for validation, checked
 where they are used with messages naming the field, and documented with their real shape
 (``WithJsonSchema``). A token id is documented as ``TOKEN_ID`` (an integer >= 0, marked so that
-the OpenAPI builder, :mod:`runtime.server.openapi`, bounds it by the served model's vocabulary).
+the OpenAPI builder, :mod:`agentlang.runtime.server.openapi`, bounds it by the served model's vocabulary).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
-from runtime.server.errors import APIError, validation_error
+from agentlang.runtime.server.errors import APIError, validation_error
 
 M = TypeVar("M", bound=BaseModel)
 

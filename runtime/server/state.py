@@ -10,11 +10,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.engine import Engine, PrefixHandle
-from runtime.sampling_params import SamplingParams
-from runtime.server.errors import APIError, bad_request, from_value_error
-from runtime.server.logprobs import TokenTexts
-from runtime.server.metrics import ServerMetrics
+from agentlang.runtime.engine.engine import Engine, PrefixHandle
+from agentlang.runtime.sampling.params import SamplingParams
+from agentlang.runtime.server.errors import APIError, bad_request, from_value_error
+from agentlang.runtime.server.logprobs import TokenTexts
+from agentlang.runtime.server.ops.metrics import ServerMetrics
 
 
 @dataclass(eq=False)
@@ -118,8 +118,8 @@ class ServerState:
         ``budget_param``."""
         if not params.has_constraint:
             return
-        from runtime.grammar.budget import BudgetTooSmall
-        from runtime.grammar.constraints import CONSTRAINT_FIELDS
+        from agentlang.runtime.grammar.budget import BudgetTooSmall
+        from agentlang.runtime.grammar.constraints import CONSTRAINT_FIELDS
 
         try:
             if self._grammar_lock is None:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from runtime.server.errors import APIError
+from agentlang.runtime.server.errors import APIError
 
 T = TypeVar("T")
 DONE = "data: [DONE]\n\n"
@@ -39,7 +39,7 @@ def error_event(exc: BaseException) -> str:
     if isinstance(exc, APIError):
         return sse(exc.body())
     if isinstance(exc, ValueError):
-        from runtime.server.errors import from_value_error
+        from agentlang.runtime.server.errors import from_value_error
 
         return sse(from_value_error(exc).body())
     err = APIError(500, f"internal server error: {type(exc).__name__}: {exc}")

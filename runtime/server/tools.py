@@ -21,8 +21,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.server.errors import APIError, bad_request
-from runtime.server.protocol import TOOL_NAME_PATTERN, Tool
+from agentlang.runtime.server.errors import APIError, bad_request
+from agentlang.runtime.server.protocol import TOOL_NAME_PATTERN, Tool
 
 NAME_RE = re.compile(TOOL_NAME_PATTERN)
 EMPTY_PARAMS = {"type": "object", "properties": {}}

@@ -49,9 +49,9 @@ class Result(NamedTuple):
 def minimums(eng, names: Iterable[tuple[str, dict]]) -> tuple[dict[str, int], dict[str, str]]:
     """Per case: the smallest accepted ``max_tokens`` (``{name: minimum}``), and the cases the
     engine's backend refuses (``{name: error}``)."""
-    from runtime import SamplingParams
-    from runtime.errors import ErrorCode
-    from runtime.grammar.budget import BudgetTooSmall
+    from agentlang.runtime import SamplingParams
+    from agentlang.runtime.core.errors import ErrorCode
+    from agentlang.runtime.grammar.budget import BudgetTooSmall
 
     low, refused = {}, {}
     for name, kw in names:
@@ -91,7 +91,7 @@ def run_jobs(eng, jobs: list[Job], complete_within_budget: bool = True, chunk: i
              progress: Callable[[int], None] | None = None) -> list[Result]:
     """Generate every job (in ``chunk``-sized batched ``generate`` calls; 0: one call) and check
     each text with the oracle (``formats=True``: dates and uuids are format-checked)."""
-    from runtime import SamplingParams
+    from agentlang.runtime import SamplingParams
 
     chunk = chunk or max(1, len(jobs))
     results: list[Result] = []

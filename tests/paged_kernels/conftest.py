@@ -14,8 +14,8 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 
 if "kernels" in sys.modules:  # imported earlier in this process, before the variable was set
-    from kernels._common import is_interpreted
-    from kernels.decode_attention import _decode_stage1
+    from agentlang.kernels._common import is_interpreted
+    from agentlang.kernels.decode_attention import _decode_stage1
 
     if not is_interpreted(_decode_stage1):
         raise RuntimeError(

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from graph_decoding import Decoder, run_schedule, tiny_model
-from runtime.attention.triton_backend import TritonAttentionBackend
-from runtime.cuda_graph import RerunCapture, StaticDecodeBatch
+from agentlang.runtime.attention.triton_backend import TritonAttentionBackend
+from agentlang.runtime.execution.cuda_graph import RerunCapture, StaticDecodeBatch
 
 SCHEDULE = [[0, 1, 2]] * 2 + [[0, 1, 2, 3, 4]] * 2 + [[4]]
 

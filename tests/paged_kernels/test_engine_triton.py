@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime import Engine, SamplingParams
+from agentlang.runtime import Engine, SamplingParams
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_cases import make_case, rel_err
 
-from kernels import (
+from agentlang.kernels import (
     LaunchConfig,
     choose_num_splits,
     decode_attention,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import copy_pages, copy_pages_ref, store_kv, store_kv_ref
+from agentlang.kernels import copy_pages, copy_pages_ref, store_kv, store_kv_ref
 
 
 @pytest.mark.parametrize(

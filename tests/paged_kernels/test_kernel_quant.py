@@ -8,7 +8,7 @@ import pytest
 import torch
 from kernel_cases import make_case, rel_err
 
-from kernels import (
+from agentlang.kernels import (
     copy_pages,
     copy_pages_ref,
     decode_attention,
@@ -18,7 +18,7 @@ from kernels import (
     store_kv,
     store_kv_ref,
 )
-from kernels._quant import SCALE_DTYPE, dequantize_ref, quantize_ref
+from agentlang.kernels._quant import SCALE_DTYPE, dequantize_ref, quantize_ref
 
 QDTYPES = [torch.int8, torch.float8_e4m3fn, torch.float8_e5m2]
 IDS = ["int8", "e4m3", "e5m2"]

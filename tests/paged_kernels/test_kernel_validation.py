@@ -11,7 +11,7 @@ import pytest
 import torch
 from kernel_cases import make_case
 
-from kernels import LaunchConfig, copy_pages, decode_attention, extend_attention, store_kv
+from agentlang.kernels import LaunchConfig, copy_pages, decode_attention, extend_attention, store_kv
 
 
 def _decode_args(**over):
@@ -134,7 +134,7 @@ def test_copy_pages_rejects_bad_pages():
 def test_cpu_launch_without_interpreter_is_a_clear_error():
     # Importing works anywhere triton is installed; the launch on CPU tensors is what fails.
     code = (
-        "import torch, kernels\n"
+        "import torch\nimport agentlang.kernels as kernels\n"
         "q = torch.zeros(1, 2, 64); c = torch.zeros(2, 16, 2, 64)\n"
         "pt = torch.zeros(1, 1, dtype=torch.int32); sl = torch.ones(1, dtype=torch.int32)\n"
         "try:\n"
@@ -180,7 +180,7 @@ def test_extend_rejects_bad_new_kv():
         ({"k_new": kn, "v_new": kn, "max_prefix_len": 0}, r"prefix_lens must lie in \[0, 0\]"),
         ({"max_prefix_len": -1}, "max_prefix_len must be an int >= 0 or None, got -1"),
     ]
-    from kernels._quant import quantize_ref
+    from agentlang.kernels._quant import quantize_ref
     kq, ks = quantize_ref(c.k_cache.nan_to_num(), torch.int8)
     bad.append(({"k_cache": kq, "v_cache": kq, "k_scale": ks, "v_scale": ks, "k_new": kn,
                  "v_new": kn}, "k_new/v_new need a float cache"))

@@ -7,9 +7,9 @@ import pytest
 import torch
 from kernel_cases import rel_err
 
-from runtime.attention.base import make_backend
-from runtime.forward_batch import build_forward_batch
-from runtime.kv_pool import KVLayout, KVPool
+from agentlang.runtime.attention.base import make_backend
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 
 HQ, HKV, D, LAYERS = 6, 2, 64, 2
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from kernel_cases import rel_err
 
-from runtime.attention.base import make_backend
-from runtime.forward_batch import build_forward_batch
-from runtime.kv_pool import KVLayout, KVPool
+from agentlang.runtime.attention.base import make_backend
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 
 HQ, HKV, D, LAYERS = 6, 2, 64, 1
 
@@ -57,7 +57,7 @@ def test_quantized_pool_triton_matches_torch(kv_dtype):
 
 @pytest.mark.slow
 def test_engine_int8_greedy_triton_equals_torch(tiny_llama_dir):
-    from runtime import Engine, SamplingParams
+    from agentlang.runtime import Engine, SamplingParams
 
     prompt = ("The quick brown fox jumps over the lazy dog because it wanted to see what was on "
               "the other side of the hill, and the dog")

@@ -136,9 +136,9 @@ def in_background(*jobs: Callable[[], object]) -> list[cf.Future]:
 def synthetic_cache(min_nodes: int, seed: int = 0):
     """A real :class:`RadixCache` (page_size 1) holding at least ``min_nodes`` nodes, from
     random branching keys."""
-    from runtime.cache_snapshot import snapshot_tree
-    from runtime.page_allocator import PageAllocator
-    from runtime.radix_cache import RadixCache
+    from agentlang.runtime.cache.snapshot import snapshot_tree
+    from agentlang.runtime.cache.page_allocator import PageAllocator
+    from agentlang.runtime.cache.radix_cache import RadixCache
 
     rnd = random.Random(seed)
     cache = RadixCache(PageAllocator(20 * min_nodes), page_size=1)
@@ -151,8 +151,8 @@ def synthetic_cache(min_nodes: int, seed: int = 0):
 
 def synthetic_tree(min_nodes: int, seed: int = 0) -> dict:
     """The tree document of :func:`synthetic_cache`, as ``/dashboard/data`` sends it."""
-    from runtime.cache_snapshot import snapshot_tree
-    from runtime.server.dashboard_data import tree_json
+    from agentlang.runtime.cache.snapshot import snapshot_tree
+    from agentlang.runtime.server.ops.dashboard_data import tree_json
 
     snap = snapshot_tree(synthetic_cache(min_nodes, seed), 10 * min_nodes)
     return tree_json(snap, lambda ids: " ".join(map(str, ids)))

@@ -1,5 +1,5 @@
 """Helpers of the server tests: start the real server as a subprocess (``python -m
-runtime.server``) on a free port on 127.0.0.1, and read its ``/metrics``."""
+agentlang.runtime.server``) on a free port on 127.0.0.1, and read its ``/metrics``."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def start_server(*extra: str, timeout: float = 180) -> ServerProcess:
     port = free_port()
     log_path = Path(tempfile.mkstemp(prefix="agentlang-server-", suffix=".log")[1])
     log = open(log_path, "w")
-    cmd = [sys.executable, "-m", "runtime.server", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "agentlang.runtime.server", "--host", "127.0.0.1", "--port", str(port),
            "--kv-budget-mb", KV_BUDGET_MB, "--log-level", "warning", *extra]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from server_harness import API_KEY, start_server
 
-from runtime.server.auth import OPEN_PATHS
+from agentlang.runtime.server.auth import OPEN_PATHS
 
 pytestmark = pytest.mark.slow
 

@@ -73,7 +73,7 @@ def test_bad_priority_or_agent_is_400_and_nothing_queued(http, path, body, param
 def test_low_priority_values_first_flag_reaches_the_engine_config():
     import argparse
 
-    from runtime.server.cli import add_serve_arguments, engine_kwargs
+    from agentlang.runtime.server.cli import add_serve_arguments, engine_kwargs
 
     p = add_serve_arguments(argparse.ArgumentParser())
     assert engine_kwargs(p.parse_args([])) == {}

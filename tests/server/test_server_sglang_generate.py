@@ -25,7 +25,7 @@ LONG = "You are a careful assistant. Answer every question in one short sentence
 def test_sampling_names_and_defaults_are_sglangs():
     if not sglang_source.installed():
         pytest.skip("the sglang frontend is installed by `make install`")
-    from runtime.server.native_params import DEFAULTS
+    from agentlang.runtime.server.sglang.params import DEFAULTS
 
     theirs = sglang_source.sampling_fields()
     assert set(DEFAULTS) == set(theirs)

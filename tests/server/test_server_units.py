@@ -7,10 +7,10 @@ import json
 import jsonschema
 import pytest
 
-from runtime.server.errors import APIError, from_value_error, loc_to_param
-from runtime.server.openai_chat import _could_be_call
-from runtime.server.protocol import Tool
-from runtime.server.tools import plan_tools
+from agentlang.runtime.server.errors import APIError, from_value_error, loc_to_param
+from agentlang.runtime.server.openai.chat import _could_be_call
+from agentlang.runtime.server.protocol import Tool
+from agentlang.runtime.server.tools import plan_tools
 
 WEATHER = Tool.model_validate({"type": "function", "function": {
     "name": "get_weather",
@@ -76,7 +76,7 @@ def test_error_mapping():
     e = from_value_error(ValueError("logprobs: must be in [0, 20], got 50"),
                          {"logprobs": "top_logprobs"})
     assert e.param == "top_logprobs" and e.message.startswith("top_logprobs: ")
-    from runtime.errors import EngineError, EngineValueError, ErrorCode
+    from agentlang.runtime.core.errors import EngineError, EngineValueError, ErrorCode
 
     typed = EngineError(ErrorCode.CONTEXT_EXCEEDED, "prompt",
                         "9000 tokens, the model's context is 8192 tokens")
@@ -92,7 +92,7 @@ def test_error_mapping():
 
 
 def test_token_bytes_are_exact(tokenizer):
-    from runtime.server.logprobs import TokenTexts
+    from agentlang.runtime.server.logprobs import TokenTexts
 
     texts = TokenTexts(tokenizer)
     ids = tokenizer.encode("héllo wörld ✓")

@@ -1,0 +1,79 @@
+"""Engine settings, validated at engine start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agentlang.runtime.cache.kv_quant import check_kv_dtype_support
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "default"
+    dtype: str = "float32"
+    # "dense": decoded to dtype (exact, cache/batch-invariant greedy outputs) | "auto": a GGUF's
+    # Q4_0/Q4_1/Q8_0 stay quantized (bf16 int4/int8 matmuls: faster at batch 1, but prefill-sized
+    # and GEMV-sized calls round differently, so near-ties can flip with cache state)
+    weights: str = "dense"
+    device: str = "cpu"
+    page_size: int = 16
+    kv_budget_mb: float | None = None     # default: 512 MB on CPU, 40% of free memory on GPU
+    num_pages: int | None = None          # overrides kv_budget_mb
+    kv_dtype: str = "auto"                # "auto" (model dtype) | "int8" | "fp8_e4m3" | "fp8_e5m2"
+    max_batch_tokens: int = 2048
+    max_running: int = 64
+    max_wait_steps: int = 64              # aging: +1 effective priority per this many steps waited
+    schedule_low_priority_values_first: bool = False   # priority direction (agentlang.runtime.core.priority)
+    max_lower_priority_tokens: int = 8    # lower-priority tokens in an urgent step (priority.py)
+    urgent_slots: int = 4                 # above max_running: requests outranking a running one
+    max_agent_labels: int = 32            # per-agent accounting series before "other"
+    attention_backend: str = "auto"
+    grammar_backend: str = "xgrammar"
+    enable_prefix_cache: bool = True
+    seed: int = 0
+    cuda_graph: bool | None = None        # decode from CUDA graphs; None: on for CUDA + triton
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.weights not in ("auto", "dense"):
+            raise ValueError(f"weights must be 'auto' or 'dense', got {self.weights!r}")
+        if self.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ValueError(f"page_size must be a power of two in [1, 128], got {self.page_size!r}")
+        for name in ("max_batch_tokens", "max_running", "max_wait_steps",
+                     "max_lower_priority_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.schedule_low_priority_values_first, bool):
+            raise ValueError(f"schedule_low_priority_values_first must be a boolean, got "
+                             f"{self.schedule_low_priority_values_first!r}")
+        if not isinstance(self.urgent_slots, int) or isinstance(self.urgent_slots, bool) or \
+                self.urgent_slots < 0:
+            raise ValueError(f"urgent_slots must be an integer >= 0, got {self.urgent_slots!r}")
+        if not isinstance(self.max_agent_labels, int) or self.max_agent_labels < 0:
+            raise ValueError(f"max_agent_labels must be an integer >= 0, got "
+                             f"{self.max_agent_labels!r}")
+        if self.kv_budget_mb is not None and not self.kv_budget_mb > 0:
+            raise ValueError(f"kv_budget_mb must be > 0, got {self.kv_budget_mb!r}")
+        if self.num_pages is not None and (not isinstance(self.num_pages, int) or self.num_pages < 2):
+            raise ValueError(f"num_pages must be an integer >= 2, got {self.num_pages!r}")
+        if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"cuda_graph must be True, False or None (auto), got {self.cuda_graph!r}")
+        if self.grammar_backend not in ("xgrammar", "outlines"):
+            raise ValueError(
+                f"grammar_backend must be 'xgrammar' or 'outlines', got {self.grammar_backend!r}"
+            )
+        try:
+            device = torch.device(self.device)
+        except RuntimeError as e:
+            raise ValueError(f"device: {e}") from None
+        check_kv_dtype_support(self.kv_dtype, device, self.attention_backend)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

@@ -1,0 +1,223 @@
+"""One constrained-sampling step: mask → sample → accept → verify the jump-forward draft →
+budget-aware completion. The output processor's one door from logits to tokens.
+
+:meth:`ConstrainedStep.run` takes the completions that sample this step (:class:`StepJob`) and
+the step's logits, and returns per completion the tokens to append (:class:`Sampled`):
+
+1. **Mask and sample** the row after each completion's last token, all rows in one batch:
+   penalties and bans, then the grammar masks of the constrained rows (one op), then greedy or
+   the completion's own seeded draw (:mod:`agentlang.runtime.sampling.sampler`). Logprobs are the model's (before
+   penalties, bans and masks).
+2. **Accept** each token into the completion's matcher and **settle** it with its budget guard
+   (:mod:`agentlang.runtime.grammar.budget`): the token is kept, or replaced by the next token of a
+   verified shortest completion when the tokens left would otherwise not reach a valid output
+   (a replaced token's logprob is recomputed for the replacement).
+3. **Verify the draft** (exact jump-forward): a completion that ran a draft
+   (``req.draft``, see :mod:`agentlang.runtime.grammar.jump_forward`) has ``1 + len(draft)`` rows; while
+   the settled token equals the draft token, the next row is masked, sampled, accepted and
+   settled the same way, so every token is drawn from the distribution sequential decoding would
+   use and outputs do not depend on jump-forward.
+4. **Draft** the next step: the grammar's forced text as tokens, when jump-forward is on.
+
+A constrained row whose mask leaves no token at all is not sampled: its result carries a typed
+error instead (the request fails, the batch goes on). On return each matcher holds exactly the
+returned tokens. The completion itself (output ids,
+KV, finishing, streaming) is not touched: that is the caller's. :func:`verify_draft` is step 3
+on its own, for callers that run the model themselves (tests against HF transformers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from agentlang.runtime.core.errors import EngineError, ErrorCode
+from agentlang.runtime.grammar import mask as grammar_mask
+from agentlang.runtime.grammar.jump_forward import draft_tokens
+from agentlang.runtime.sampling.sampler import (RowSpec, TokenLogprob, choose_tokens, model_logprobs,
+                             prepare_logits, row_logprobs, top_logprobs)
+
+if TYPE_CHECKING:
+    from agentlang.runtime.grammar.base import GrammarMatcher
+    from agentlang.runtime.request.request import Request
+
+MAX_DRAFT = 32   # most draft tokens verified in one step
+
+
+class StepJob(NamedTuple):
+    req: Request
+    first_row: int   # logits row after the last token; a draft's rows follow it (row + i
+                     # predicts the token after ``req.draft[:i]``)
+
+
+class Sampled(NamedTuple):
+    tokens: list[int]                     # to append in order; the matcher holds them all
+    logprobs: list[TokenLogprob | None]   # one per token (None where not asked for)
+    next_draft: list[int]                 # the next step's jump-forward draft ([]: none)
+    error: EngineError | None = None      # set (tokens empty) when the mask left no token
+
+
+class ConstrainedStep:
+    """Sampling for the requests of one engine: ``eos_ids`` are held back while
+    ``min_tokens`` is not reached, ``max_context`` bounds the budget of a forced completion,
+    ``tokenizer`` turns forced text into drafts."""
+
+    def __init__(self, tokenizer, eos_ids: set[int], max_context: int):
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.max_context = max_context
+
+    def run(self, jobs: Sequence[StepJob], logits: torch.Tensor) -> list[Sampled]:
+        """``logits [rows, V]`` of the step; returns one :class:`Sampled` per job, in order.
+        Reads ``req.draft`` (the draft the step ran) but leaves it for the caller to clear."""
+        if not jobs:
+            return []
+        rows = torch.tensor([j.first_row for j in jobs], dtype=torch.long, device=logits.device)
+        first = logits.index_select(0, rows)            # [N, V], a copy: logits stay raw
+        specs = [self._spec(j.req, ()) for j in jobs]
+        raw_lp = model_logprobs(first, specs)           # [N, V] or None
+        prepare_logits(first, specs)
+        matchers = [j.req.matcher for j in jobs]
+        grammar_mask.apply_grammar_masks(first, matchers)
+        dead = _dead_rows(first, matchers)
+        first[dead] = 0.0                               # not sampled from: see below
+        tokens = choose_tokens(first, specs)
+        lps = row_logprobs(raw_lp, tokens, specs)
+        return [_no_token(j.req) if i in dead else self._complete(j, tok, lp, logits)
+                for i, (j, tok, lp) in enumerate(zip(jobs, tokens, lps))]
+
+    def _complete(self, job: StepJob, token: int, lp: TokenLogprob | None,
+                  logits: torch.Tensor) -> Sampled:
+        """Steps 2-4 for one job whose first row gave ``token``."""
+        req = job.req
+        if req.matcher is None:
+            return Sampled([token], [lp], [])
+
+        def pick(i: int) -> int | None:
+            if i == 0:
+                return token
+            return self._sample_row(req, logits[job.first_row + i], req.draft[:i])
+
+        out = _verify(req.matcher, req.draft, pick, lambda i, tok: self._settle(req, tok, i))
+        if out is None:                          # a draft row allowed no token
+            return _no_token(req)
+        if out[0] != token and lp is not None:   # the budget guard replaced the sampled token
+            raw = torch.log_softmax(logits[job.first_row].float(), -1)   # [V]
+            lp = top_logprobs(raw, out[0], len(lp.top))
+        lps = [lp] + [None] * (len(out) - 1)      # a draft runs only without logprobs
+        return Sampled(out, lps, self._next_draft(req, len(out)))
+
+    def _sample_row(self, req: Request, row: torch.Tensor, ahead: Sequence[int]) -> int | None:
+        """A draft row ``[V]``: the token after the output plus ``ahead``, masked by the
+        matcher's current state; ``None`` when the mask allows no token."""
+        spec = self._spec(req, ahead)
+        x = row.unsqueeze(0).clone()    # [1, V]; a copy: the row may be an inference tensor
+        prepare_logits(x, [spec])
+        grammar_mask.apply_grammar_masks(x, [req.matcher])
+        if _dead_rows(x, [req.matcher]):
+            return None
+        return choose_tokens(x, [spec])[0]
+
+    def _spec(self, req: Request, ahead: Sequence[int]) -> RowSpec:
+        """The sampler's view of ``req`` with ``ahead`` more output tokens (a draft prefix)."""
+        p = req.params
+        output = req.output_ids + list(ahead) if ahead else req.output_ids
+        banned: list[int] = []
+        # min_tokens holds the end back, but never past a constraint that is complete and
+        # admits nothing more: its mask allows only the end, so banning it leaves no token.
+        if len(output) < p.min_tokens and not (req.matcher is not None
+                                               and req.matcher.is_terminated()):
+            banned = sorted(self.eos_ids | set(p.stop_token_ids))
+        return RowSpec(p, req.generator, req.prompt_ids, output, banned, p.logprobs)
+
+    def _settle(self, req: Request, token: int, ahead: int) -> int:
+        """The budget guard's verdict on ``token``, just accepted by the matcher as output
+        token ``len(output_ids) + ahead``: ``token`` itself, or the token forced in its place."""
+        if req.budget is None:
+            return token
+        n = len(req.output_ids) + ahead + 1                 # output tokens including this one
+        left = min(req.params.max_tokens - n, self.max_context - len(req.prompt_ids) - n)
+        return req.budget.settle(req.matcher, token, left).token
+
+    def _next_draft(self, req: Request, added: int) -> list[int]:
+        """The grammar's forced text as the next step's draft, once ``added`` tokens are
+        appended; only with jump-forward on and no logprobs (a draft row has none)."""
+        p = req.params
+        left = p.max_tokens - len(req.output_ids) - added
+        if not p.jump_forward or p.logprobs is not None or left <= 0:
+            return []
+        return draft_tokens(req.matcher, self.tokenizer, max_tokens=min(MAX_DRAFT, left))
+
+
+def _dead_rows(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> list[int]:
+    """Constrained rows of masked ``logits [N, V]`` that allow no token at all (a constraint
+    with a dead end that submit-time checks could not prove, e.g. without a budget guard)."""
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return []
+    idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    none_left = torch.isneginf(logits.index_select(0, idx)).all(dim=-1).tolist()   # [R]
+    return [i for i, d in zip(rows, none_left) if d]
+
+
+def _no_token(req: Request) -> Sampled:
+    """The result for a constrained row with no allowed token: nothing sampled, a typed error
+    (the request fails; the rest of the batch goes on)."""
+    return Sampled([], [], [], EngineError(
+        ErrorCode.INVALID_CONSTRAINT, req.params.constraint_field(),
+        "no token can continue the output here: the constraint admits no further text"))
+
+
+def verify_draft(
+    matcher: GrammarMatcher,
+    draft: Sequence[int],
+    logits: torch.Tensor,
+    sample: Callable[[int, torch.Tensor], int],
+    settle: Callable[[int, int], int] | None = None,
+) -> list[int]:
+    """Exact jump-forward: keep the draft tokens the model itself would have produced.
+
+    The caller ran one extend step over ``[last sampled token] + draft``; ``logits
+    [len(draft) + 1, V]`` are its logits at those positions (row i predicts the token after
+    ``draft[:i]``). Row by row: mask with the matcher's current state (in place), call
+    ``sample(i, row [1, V]) -> token`` (greedy, temperature, seeded RNG, ...), accept the token,
+    let ``settle(i, token) -> token`` replace it (a budget guard; the matcher then holds the
+    replacement); continue while it equals ``draft[i]``. Returns the accepted tokens: a prefix
+    of ``draft`` plus the first token that differs (or the token after a fully matched draft);
+    stops early when the matcher terminates. KV entries of draft tokens past
+    ``len(result) - 1`` are stale; the last returned token has no KV yet. ``ValueError`` for
+    logits of the wrong shape or a sampled token the mask forbids.
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(draft) + 1:
+        raise ValueError(f"logits must be [{len(draft) + 1}, V], got {tuple(logits.shape)}")
+
+    def pick(i: int) -> int:
+        row = logits[i : i + 1]                          # [1, V]
+        grammar_mask.apply_grammar_masks(row, [matcher])
+        return int(sample(i, row))
+
+    out = _verify(matcher, draft, pick, settle)
+    assert out is not None              # pick always returns a token
+    return out
+
+
+def _verify(matcher: GrammarMatcher, draft: Sequence[int], pick: Callable[[int], int | None],
+            settle: Callable[[int, int], int] | None) -> list[int] | None:
+    """Accept ``pick(i)`` (a token sampled from row i under the matcher's mask) for i = 0, 1,
+    ... while the settled token matches ``draft[i]``; see :func:`verify_draft`. ``None`` when
+    ``pick`` finds no allowed token (the matcher keeps the tokens accepted before)."""
+    out: list[int] = []
+    for i in range(len(draft) + 1):
+        token = pick(i)
+        if token is None:
+            return None
+        if not matcher.accept_token(token):
+            raise ValueError(f"sample returned token {token}, which the grammar mask forbids")
+        if settle is not None:
+            token = settle(i, token)
+        out.append(token)
+        if i == len(draft) or token != draft[i] or matcher.is_terminated():
+            break
+    return out

@@ -1,0 +1,158 @@
+"""Building requests: user prompts and sampling parameters become :class:`RequestGroup` s
+(validated, namespaced, constraint compilation started) on the caller's thread, and a group's
+completions become :class:`Request` s (detokenizer, generator, grammar matcher) on the thread
+that steps the engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from agentlang.runtime.request.detokenizer import OutputText
+from agentlang.runtime.core.errors import EngineError, EngineValueError, ErrorCode
+from agentlang.runtime.request.prompts import PromptInput, normalize_prompts
+from agentlang.runtime.request.request import Request, RequestGroup
+from agentlang.runtime.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from agentlang.runtime.grammar.base import CompiledGrammar
+    from agentlang.runtime.grammar.cache import GrammarCache
+
+
+class LazyGrammarCache:
+    """The compiled-grammar cache, created on first use (most engines never need one).
+    ``make`` builds it; :meth:`get` is safe from any thread."""
+
+    def __init__(self, make: Callable[[], "GrammarCache"]):
+        self._make = make
+        self._cache: GrammarCache | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> "GrammarCache":
+        with self._lock:
+            if self._cache is None:
+                self._cache = self._make()
+            return self._cache
+
+
+class RequestBuilder:
+    """Validates prompts against the model (``max_context`` tokens) and the KV pool
+    (``capacity_tokens``), names groups ``req-N`` unless given an id, and keys their cache
+    entries by ``namespace_base`` plus the request's ``cache_salt``. ``seed`` seeds the
+    generators of requests that set no seed of their own."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, max_context: int, capacity_tokens: int,
+                 namespace_base: tuple, grammars: LazyGrammarCache, seed: int | None):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_context = max_context
+        self.capacity_tokens = capacity_tokens
+        self.namespace_base = namespace_base
+        self.grammars = grammars
+        self._rng = random.Random(seed)
+        self._ids = itertools.count()
+
+    # ---- groups (caller thread) ---------------------------------------------------------
+    def encode_one(self, prompt: str | list[int], field: str) -> list[int]:
+        """One prompt (text or token ids) as validated token ids; ``field`` names it in errors."""
+        _, ids = normalize_prompts(prompt, self.tokenizer, self.vocab_size, field,
+                                   single_only=True)
+        return ids[0]
+
+    def groups(self, prompts: PromptInput, params: SamplingParams | Sequence[SamplingParams] | None,
+               chat: Callable[[list[dict]], str], request_id: str | None = None,
+               single_only: bool = False) -> tuple[bool, list[RequestGroup]]:
+        """One group per prompt; ``params`` is shared or one per prompt. Returns whether a
+        single prompt (not a list) was given. Raises ``ValueError`` naming the bad field."""
+        single, ids = normalize_prompts(prompts, self.tokenizer, self.vocab_size, "prompt",
+                                        single_only=single_only, chat=chat)
+        if params is None:
+            params = SamplingParams()
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(ids)
+        if len(plist) != len(ids):
+            raise ValueError(f"params: got {len(plist)} SamplingParams for {len(ids)} prompts")
+        for p in plist:
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"params: expected SamplingParams, got {type(p).__name__}")
+        return single, [self.group(i, p, rid=request_id) for i, p in zip(ids, plist)]
+
+    def group(self, ids: list[int], params: SamplingParams, rid: str | None = None,
+              prefill_only: bool = False, logprob_start: int | None = None) -> RequestGroup:
+        """A group for validated token ids; its constraint (if any) starts compiling."""
+        if len(ids) >= self.max_context:
+            raise EngineValueError(EngineError(
+                ErrorCode.CONTEXT_EXCEEDED, "prompt",
+                f"{len(ids)} tokens, the model's context is {self.max_context} tokens"))
+        if len(ids) + 1 > self.capacity_tokens:
+            raise EngineValueError(EngineError(
+                ErrorCode.KV_POOL_EXCEEDED, "prompt", f"{len(ids)} tokens do not fit the KV "
+                f"pool ({self.capacity_tokens} tokens; raise kv_budget_mb)"))
+        if params.prompt_logprobs is not None and logprob_start is None:
+            logprob_start = 1
+        ns = self.namespace_base + ((params.cache_salt,) if params.cache_salt else ())
+        grammar = self.compile_constraint(params, check_budget=not prefill_only)
+        return RequestGroup(rid or f"req-{next(self._ids)}", ids, params, ns,
+                            prefill_only=prefill_only, logprob_start=logprob_start,
+                            grammar=grammar)
+
+    def compile_constraint(self, params: SamplingParams, budget_field: str = "max_tokens",
+                           check_budget: bool = True) -> Future[CompiledGrammar] | None:
+        """The one place a request's constraint is compiled (``None`` when it has none): the
+        constraint normalised once by ``params.constraint``, compiled once per engine by the
+        grammar cache (later requests with an equal constraint share it). With
+        ``params.complete_within_budget`` and ``check_budget`` this waits for the compilation
+        and refuses, before anything is queued, a constraint no output satisfies
+        (``UnsatisfiableConstraint``) and a budget below its shortest valid output
+        (``BudgetTooSmall`` naming ``budget_field``; the minimum is searched once per compiled
+        grammar). Other compile failures (a constraint this backend does not support) are left
+        in the returned future. ``ValueError`` naming the field for a bad constraint. Any
+        thread (the server calls it off its event loop first, so submit finds all of it done)."""
+        c = params.constraint
+        if c is None:
+            return None
+        fut = self.grammars.get().submit(c)
+        if params.complete_within_budget and check_budget:
+            from agentlang.runtime.grammar.budget import check_budget as check
+
+            try:
+                compiled = fut.result()
+            except ValueError:
+                return fut
+            check(compiled, params.max_tokens, budget_field, params.constraint_field())
+        return fut
+
+    # ---- requests (stepping thread) ------------------------------------------------------
+    def request(self, group: RequestGroup, index: int) -> Request:
+        """Completion ``index`` of ``group``. Raises what the grammar compilation raised."""
+        p = group.params
+        matcher = budget = None
+        if group.grammar is not None:
+            compiled = group.grammar.result()
+            matcher = compiled.new_matcher()
+            if p.complete_within_budget:
+                from agentlang.runtime.grammar.budget import BudgetGuard
+
+                budget = BudgetGuard(compiled, matcher)
+        return Request(group, index,
+                       OutputText(self.tokenizer, p.stop, p.include_stop_str_in_output,
+                                  p.skip_special_tokens),
+                       self.generator(p.seed, index), matcher,
+                       logprobs=[] if p.logprobs is not None else None, budget=budget)
+
+    def placeholder(self, group: RequestGroup) -> Request:
+        """A bare completion 0 for a group that never starts (failed or aborted before its
+        grammar was ready), so it can be finished and reported."""
+        return Request(group, 0, OutputText(self.tokenizer), None)
+
+    def generator(self, seed: int | None, index: int) -> torch.Generator:
+        """Completion ``index``'s sampling generator: ``seed + index``, or a fresh random seed."""
+        g = torch.Generator()
+        g.manual_seed((seed + index) if seed is not None else self._rng.getrandbits(62))
+        return g

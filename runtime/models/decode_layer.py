@@ -1,0 +1,117 @@
+"""Decode steps in one native call per layer (``runtime/quant/native/decode_layer.c``).
+
+At batch 1 a decode step of a small quantized model is ~45 small torch ops per layer (norms,
+matmuls, RoPE, the KV store, attention, residuals); each costs a few µs of dispatch, more than
+the arithmetic. :class:`NativeDecoder` runs a whole layer of a decode step in one C call
+instead, with the same arithmetic in float32 (see the C file).
+
+It serves a step when (:meth:`NativeDecoder.serves`): every sequence appends one token, the
+attention backend is torch's (CPU), the KV pool stores float32 unquantized, and no sequences
+share leading pages (the torch backend reads a shared prefix once for the whole group —
+cascade attention — where this path would read it once per sequence); otherwise the model's
+layers run as usual. It is built by the GGUF loader when every layer's linears are
+:class:`~agentlang.runtime.quant.block_linear.BlockLinear` and the activations are float32.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from agentlang.runtime.attention.decode_plan import decode_plan
+from agentlang.runtime.quant.block_linear import BlockLinear
+from agentlang.runtime.attention.forward_batch import ForwardBatch
+from agentlang.runtime.cache.kv_pool import KVPool
+from agentlang.runtime.quant.native import QMatmulLibrary, QWeight
+
+
+class Dims(ctypes.Structure):
+    _fields_ = [("hidden", ctypes.c_int64), ("nh", ctypes.c_int64), ("nkv", ctypes.c_int64),
+                ("hd", ctypes.c_int64), ("inter", ctypes.c_int64), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
+                ("qkv", QWeight), ("o", QWeight), ("gate_up", QWeight), ("down", QWeight),
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+
+
+class Batch(ctypes.Structure):
+    _fields_ = [("B", ctypes.c_int64), ("cos", ctypes.c_void_p), ("ssin", ctypes.c_void_p),
+                ("slots", ctypes.c_void_p), ("page_table", ctypes.c_void_p),
+                ("max_pages", ctypes.c_int64), ("page_size", ctypes.c_int64),
+                ("seq_lens", ctypes.c_void_p)]
+
+
+class NativeDecoder:
+    """Runs the layers of decode steps natively for one model (module doc)."""
+
+    def __init__(self, lib: QMatmulLibrary, model: torch.nn.Module):
+        cfg = model.config
+        self.dims = Dims(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
+        self.layers = []
+        self.keep = []                     # the tensors the structs point into
+        for layer in model.layers:
+            lins = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                    layer.mlp.down_proj)
+            norms = [n.weight.detach().float().contiguous()
+                     for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+            self.keep += [*norms, *lins]
+            self.layers.append(Layer(norms[0].data_ptr(), norms[1].data_ptr(),
+                                     *(lin.qweight for lin in lins)))
+        self._fn = lib.lib.agl_decode_layer
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ctypes.POINTER(Dims), ctypes.POINTER(Layer), ctypes.POINTER(Batch),
+                             ctypes.c_void_p, ctypes.c_int]
+
+    @staticmethod
+    def eligible(model: torch.nn.Module, dtype: torch.dtype) -> bool:
+        """Every layer's linears are :class:`BlockLinear`, activations are float32 and heads
+        have at most 512 dimensions (the C layer's RoPE buffer)."""
+        return dtype == torch.float32 and model.config.head_dim <= 512 and all(
+            isinstance(m, BlockLinear)
+            for layer in model.layers
+            for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                      layer.mlp.gate_up_proj, layer.mlp.down_proj))
+
+    @staticmethod
+    def serves(batch: ForwardBatch, pool: KVPool, backend) -> bool:
+        if not (batch.is_decode and getattr(backend, "name", None) == "torch"
+                and pool.scales is None and pool.layout.dtype == torch.float32
+                and pool.device.type == "cpu"):
+            return False
+        if batch.batch_size == 1:
+            return True
+        plan = batch.cached("torch.decode", lambda: decode_plan(         # the backend's key
+            batch.page_table, batch.seq_lens_list, pool.page_size))
+        return not plan.groups
+
+    def step(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor]) -> "NativeStep":
+        """The per-step arguments (built once, shared by every layer)."""
+        return batch.cached("native.decode", lambda: NativeStep(batch, rope))
+
+    def layer(self, i: int, x: torch.Tensor, step: "NativeStep", pool: KVPool) -> torch.Tensor:
+        """Layer ``i`` on x: float32 ``[B, hidden]`` (updated in place and returned)."""
+        L = self.layers[i]
+        L.k_cache, L.v_cache = pool.k_cache(i).data_ptr(), pool.v_cache(i).data_ptr()
+        if not x.is_contiguous():
+            x = x.contiguous()
+        if self._fn(ctypes.byref(self.dims), ctypes.byref(L), ctypes.byref(step.args),
+                    x.data_ptr(), torch.get_num_threads()) != 0:
+            raise MemoryError(f"native decode layer {i}: out of memory for {x.shape[0]} rows")
+        return x
+
+
+class NativeStep:
+    """A decode step's batch as ``agl_batch`` (the tensors are kept alive here)."""
+
+    def __init__(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor]):
+        cos, ssin = (t.reshape(t.shape[0], -1).float().contiguous() for t in rope)   # [B, hd]
+        self.tensors = (cos, ssin, batch.slot_mapping.long().contiguous(),
+                        batch.page_table.int().contiguous(), batch.seq_lens.int().contiguous())
+        c, s, slots, table, lens = self.tensors
+        self.args = Batch(table.shape[0], c.data_ptr(), s.data_ptr(), slots.data_ptr(),
+                          table.data_ptr(), table.shape[1], batch.page_size, lens.data_ptr())

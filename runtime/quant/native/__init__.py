@@ -1,0 +1,187 @@
+"""The native library: the quantized matmul (``qmatmul.c``), a whole decode-step layer
+(``decode_layer.c``), bf16 dequantization of a weight's rows (``dequant.c``) and attention's
+softmax with its log-sum-exp (``softmax.c``). Built on first use with the system C compiler
+into a per-user cache, loaded with ctypes, shared by every :class:`~agentlang.runtime.quant.block_linear.BlockLinear`
+and by :func:`agentlang.runtime.attention.cascade.attend_lse`.
+
+Why native: at batch 1 a decode step of a small model is a few dozen matmuls whose torch
+kernels (int4 / int8 weight-only, bf16 activations) each cost tens of µs; a loop over the GGUF
+blocks with AVX-512 VNNI integer dot products (what llama.cpp does) runs the same shapes
+several times faster and keeps each block's own scale (Q8_0 included).
+
+Availability (:func:`qmatmul_library` returns None and says why, once, in the log): the CPU
+must report ``avx512f avx512bw avx512vl avx512dq avx512_vnni f16c``, a C compiler (``$CC``,
+else ``cc``/``gcc``) must build the source, and ``AGENTLANG_NATIVE`` must not be ``0``.
+Without it the loader keeps torch's kernels (``agentlang.runtime.quant.quant_linear``) and attention torch's
+softmax. The build takes
+~1 s, at model load (never on a request), and is reused across processes: the cache key is
+the source, the flags and the compiler's version (``$XDG_CACHE_HOME/agentlang/native`` or
+``~/.cache/agentlang/native``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCES = tuple(Path(__file__).with_name(n) for n in (
+    "qmatmul.h", "vecmath.h", "qmatmul.c", "decode_layer.c", "dequant.c", "softmax.c"))
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c")
+CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
+          "-mf16c", "-fopenmp", "-fPIC", "-shared")
+KIND_Q4, KIND_Q8 = 4, 8
+
+_log = logging.getLogger(__name__)
+
+
+class QWeight(ctypes.Structure):
+    """``agl_qweight``: one quantized weight's pointers (the tensors must outlive it)."""
+
+    _fields_ = [("kind", ctypes.c_int32), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("kb", ctypes.c_int64), ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p)]
+
+    @classmethod
+    def of(cls, kind: int, k: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+           bias: torch.Tensor | None) -> "QWeight":
+        """k: in features; rows of ``kb`` blocks (even, zero-padded): qs Q4 uint8
+        ``[N, kb*16]`` / Q8 int8 ``[N, kb*32]``; d, m float16 ``[N, kb]`` (m: Q4_1 only);
+        bias float32 ``[N]``; all contiguous."""
+        n, kb = d.shape
+        return cls(kind, n, k, kb, qs.data_ptr(), d.data_ptr(), _ptr(m), _ptr(bias))
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class QMatmulLibrary:
+    """The loaded library: :meth:`matmul` runs ``agl_qmatmul``, :meth:`dequantize_bf16`
+    ``agl_dequant_bf16`` and :meth:`softmax_lse_` ``agl_softmax_lse`` on torch tensors; ``lib``
+    is the ctypes handle for the other entry points (``agentlang.runtime.models.decode_layer``)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lib = ctypes.CDLL(str(path))
+        self._fn = self.lib.agl_qmatmul
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ctypes.POINTER(QWeight), ctypes.c_void_p, ctypes.c_int64,
+                             ctypes.c_void_p, ctypes.c_int]
+        self._dequant = self.lib.agl_dequant_bf16
+        self._dequant.restype = None
+        self._dequant.argtypes = [ctypes.POINTER(QWeight), ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_void_p, ctypes.c_int]
+        self._softmax = self.lib.agl_softmax_lse
+        self._softmax.restype = None
+        self._softmax.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+
+    def matmul(self, w: QWeight, x: torch.Tensor) -> torch.Tensor:
+        """x: float32 contiguous ``[M, K]`` → ``x @ W.T + bias``, float32 ``[M, N]``."""
+        y = torch.empty(x.shape[0], w.n, dtype=torch.float32)
+        if self._fn(ctypes.byref(w), x.data_ptr(), x.shape[0], y.data_ptr(),
+                    torch.get_num_threads()) != 0:
+            raise MemoryError(f"native matmul: no memory to quantize {tuple(x.shape)} activations")
+        return y
+
+    def dequantize_bf16(self, w: QWeight, rows: range | None = None) -> torch.Tensor:
+        """Weight rows ``rows`` (default all) as bfloat16 ``[len(rows), K]``: each value
+        computed in float32 from its block and rounded to nearest even (what
+        ``.to(torch.bfloat16)`` of the exact weight gives)."""
+        rows = range(w.n) if rows is None else rows
+        if rows.step != 1 or not 0 <= rows.start <= rows.stop <= w.n:
+            raise ValueError(f"rows must be a consecutive range within 0..{w.n}, got {rows}")
+        out = torch.empty(len(rows), w.k, dtype=torch.bfloat16)
+        self._dequant(ctypes.byref(w), rows.start, rows.stop, out.data_ptr(),
+                      torch.get_num_threads())
+        return out
+
+    def softmax_lse_(self, s: torch.Tensor, scale: float) -> torch.Tensor:
+        """In place: the last dim of ``s`` (float32 or bfloat16, contiguous, on the CPU) becomes
+        ``softmax(scale * s)`` (-inf scores give 0); returns the log-sum-exp of ``scale * s``,
+        float32, ``s.shape[:-1]``."""
+        if s.dtype not in (torch.float32, torch.bfloat16) or not s.is_contiguous():
+            raise ValueError(f"s must be contiguous float32 or bfloat16, got {s.dtype}")
+        lse = torch.empty(s.shape[:-1], dtype=torch.float32)
+        self._softmax(s.data_ptr(), int(s.dtype == torch.bfloat16), lse.numel(), s.shape[-1],
+                      scale, lse.data_ptr(), torch.get_num_threads())
+        return lse
+
+
+@functools.cache
+def qmatmul_library() -> QMatmulLibrary | None:
+    """The library, built if needed, or None where it cannot run here (reason logged)."""
+    reason = unavailable_reason()
+    if reason is None:
+        try:
+            return QMatmulLibrary(_build())
+        except subprocess.CalledProcessError as e:
+            reason = f"build failed: {e.stderr.strip()[-400:]}"
+        except OSError as e:
+            reason = f"build failed: {e}"
+    _log.info("native quantized matmul unavailable (%s): using torch's int4/int8 kernels", reason)
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why the native kernels cannot run here (None if they can, given a successful build)."""
+    if os.environ.get("AGENTLANG_NATIVE", "1") == "0":
+        return "AGENTLANG_NATIVE=0"
+    flags = cpu_flags()
+    if not flags:
+        return "no /proc/cpuinfo"
+    missing = [f for f in CPU_FLAGS if f not in flags]
+    if missing:
+        return "the CPU lacks " + " ".join(missing)
+    if _compiler() is None:
+        return "no C compiler (set CC)"
+    return None
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``), empty where that cannot be read."""
+    try:
+        return frozenset(Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n")[0].split())
+    except (OSError, IndexError):
+        return frozenset()
+
+
+def bf16_matmuls_in_hardware() -> bool:
+    """Whether bf16 GEMMs run on bf16 instructions here (AVX512-BF16 or AMX), where oneDNN
+    multiplies several times faster than the integer kernels; elsewhere it emulates them."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build() -> Path:
+    cc = _compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    texts = [p.read_text() for p in SOURCES]
+    key = hashlib.sha256("\0".join([*texts, *CFLAGS, version]).encode()).hexdigest()[:16]
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    out = base / "agentlang" / "native" / key / "libqmatmul.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            subprocess.run([cc, *CFLAGS, "-o", tmp, *(str(p) for p in SOURCES if p.suffix == ".c"),
+                            "-lm"], check=True, capture_output=True, text=True)
+            os.replace(tmp, out)          # atomic: concurrent builders leave one whole file
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out

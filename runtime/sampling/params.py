@@ -1,0 +1,167 @@
+"""Per-request sampling parameters, validated at construction.
+
+Every invalid value raises ``ValueError`` naming the field and the accepted range; unknown
+fields raise ``ValueError`` listing the accepted ones (``SamplingParams(bogus=1)`` included).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentlang.runtime.core.agent_stats import check_label
+from agentlang.runtime.grammar.constraints import CONSTRAINT_FIELDS, Constraint, constraint_from_params
+from agentlang.runtime.core.priority import check_priority
+
+
+GREEDY_BELOW = 1e-6   # a temperature this small is greedy (as SGLang's): 1/T would overflow
+
+
+@dataclass(init=False)
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0          # 0 (or below GREEDY_BELOW) = greedy
+    top_p: float = 1.0
+    top_k: int = -1                   # -1 or 0 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None       # None = off; k = chosen token + top-k alternatives
+    prompt_logprobs: int | None = None
+    n: int = 1
+    skip_special_tokens: bool = True
+    # Structured output (agentlang.runtime.grammar): at most one of these.
+    json_schema: Any = None           # dict | JSON string | pydantic model class
+    regex: str | None = None
+    choices: list[str] | None = None
+    grammar: str | None = None        # Lark grammar
+    value_type: str | None = None     # "int" | "float" | "bool" | "str"
+    tool_calls: list[dict] | None = None  # [{"name", "parameters"}]: text with valid calls
+    json_indent: int | None = None    # None = compact JSON
+    jump_forward: bool = True
+    # Constrained output: keep a valid completion within max_tokens (agentlang.runtime.grammar.budget);
+    # a budget below the shortest valid output is refused at submit.
+    complete_within_budget: bool = True
+    cache_salt: str | None = None     # tenant isolation in the prefix cache
+    priority: int = 0                 # higher first (agentlang.runtime.core.priority: range, aging)
+    agent: str | None = None          # accounting label (agentlang.runtime.core.agent_stats)
+
+    def __init__(self, **kwargs: Any):
+        names = {f.name: f for f in dataclasses.fields(self)}
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise ValueError(
+                f"unknown sampling field(s) {unknown}; accepted: {', '.join(sorted(names))}"
+            )
+        for name, f in names.items():
+            if name in kwargs:
+                value = kwargs[name]
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                value = f.default
+            setattr(self, name, value)
+        self._normalize()
+        self.validate()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SamplingParams":
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes: Any) -> "SamplingParams":
+        return SamplingParams(**{**self.to_dict(), **changes})
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
+
+    @property
+    def has_constraint(self) -> bool:
+        return self.constraint_field() is not None
+
+    @functools.cached_property
+    def constraint(self) -> Constraint | None:
+        """The output constraint, normalised and validated once (on first use: at submit);
+        ``None`` when none is set. ``ValueError`` naming the field for a bad or unsatisfiable
+        constraint (not remembered: raised again on the next use). Set the constraint fields
+        before first use: later changes are not seen."""
+        return constraint_from_params(json_indent=self.json_indent,
+                                      **{k: getattr(self, k) for k in CONSTRAINT_FIELDS})
+
+    def constraint_field(self) -> str | None:
+        """The name of the output-constraint field that is set, if any."""
+        return next((k for k in CONSTRAINT_FIELDS if getattr(self, k) is not None), None)
+
+    def _normalize(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if self.top_k == 0:
+            self.top_k = -1
+
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
+            raise bad("max_tokens", "must be an integer >= 1")
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise bad("min_tokens", "must be an integer in [0, max_tokens]")
+        if not is_num(self.temperature) or self.temperature < 0:
+            raise bad("temperature", "must be a number >= 0")
+        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
+            raise bad("top_p", "must be in (0, 1]")
+        if not is_int(self.top_k) or self.top_k < -1:
+            raise bad("top_k", "must be -1 (off) or an integer >= 1")
+        if not is_num(self.min_p) or not 0 <= self.min_p <= 1:
+            raise bad("min_p", "must be in [0, 1]")
+        if not is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise bad("repetition_penalty", "must be > 0")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not is_num(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
+                raise bad(name, "must be in [-2, 2]")
+        if self.seed is not None and not is_int(self.seed):
+            raise bad("seed", "must be an integer or None")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", "must be a non-empty string or a list of non-empty strings")
+        if not isinstance(self.stop_token_ids, list) or not all(
+            is_int(t) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise bad("stop_token_ids", "must be a list of token ids >= 0")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not is_int(v) or not 0 <= v <= 20):
+                raise bad(name, "must be None or an integer in [0, 20]")
+        if not is_int(self.n) or not 1 <= self.n <= 64:
+            raise bad("n", "must be an integer in [1, 64]")
+        if self.json_indent is not None and (not is_int(self.json_indent) or self.json_indent < 0):
+            raise bad("json_indent", "must be None (compact) or an integer >= 0")
+        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
+            raise bad("cache_salt", "must be a string")
+        check_priority(self.priority, "priority")
+        check_label(self.agent, "agent")
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
+                     "jump_forward", "complete_within_budget"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be a boolean")

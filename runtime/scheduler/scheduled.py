@@ -1,0 +1,33 @@
+"""What one step runs: the scheduler's output, read by the model runner and the output
+processor."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from agentlang.runtime.request.request import Request
+
+
+class ScheduledItem(NamedTuple):
+    req: Request
+    start: int            # num_computed before this step
+    tokens: list[int]     # tokens run now (all_ids[start : start + len(tokens)])
+    logits_rows: list[int]  # offsets within ``tokens`` whose logits are needed
+
+    @property
+    def completes(self) -> bool:
+        """The chunk reaches the end of the request's tokens (a sample follows)."""
+        return self.start + len(self.tokens) == self.req.num_tokens + len(self.req.draft)
+
+
+class Schedule(NamedTuple):
+    """One step's work: ``items`` to run, and ``unfit`` requests that cannot fit in the KV
+    pool even alone — taken out of the queues, holding nothing; the caller finishes them."""
+
+    items: list[ScheduledItem]
+    unfit: list[Request]
+
+
+def tokens_of(items: list[ScheduledItem]) -> int:
+    """Tokens the step of ``items`` computes."""
+    return sum(len(it.tokens) for it in items)

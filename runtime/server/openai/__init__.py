@@ -1,0 +1,1 @@
+"""The OpenAI API routes: ``/v1/completions``, ``/v1/chat/completions`` and what they share."""

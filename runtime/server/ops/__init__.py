@@ -1,0 +1,2 @@
+"""What an operator looks at: ``/metrics``, the live dashboard and its data, running
+programs, and the ops routes."""
