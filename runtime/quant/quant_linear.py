@@ -19,6 +19,8 @@ and a warm cache.) Matmuls run in bf16; the result is cast back to the input's d
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -30,8 +32,9 @@ _PACK_ROWS = 4096   # rows packed at a time (the packing op takes int32 [N, K]: 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """q: uint8 ``[N, K]`` in 0..15 → torch's CPU int4 pack ``[N, K/2]`` uint8.
 
-    The pack is laid out in independent 64-row blocks, so it is built a few thousand rows at a
-    time (the op wants int32 input) and concatenated; a tail of ``N % 64`` rows is its own block.
+    The pack is laid out in independent blocks of :func:`pack_block_rows` rows, so it is built a
+    few thousand rows at a time (the op wants int32 input) and concatenated; a tail of
+    ``N % pack_block_rows()`` rows is its own block.
     """
     N, K = q.shape
     if N % 16 or K % GROUP:
@@ -41,19 +44,31 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
+@functools.cache
+def pack_block_rows() -> int:
+    """Rows of one block of torch's CPU int4 pack on this CPU: 64 where torch's kernels use
+    AVX-512, 32 with AVX2 (read off the op itself: it packs a probe with one nonzero nibble)."""
+    probe = torch.zeros(64, GROUP, dtype=torch.int32)
+    probe[32, 0] = 1
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1).reshape(-1)
+    return 64 if int(packed[0]) == 16 else 32
+
+
 def unpack_int4(packed: torch.Tensor, N: int, K: int) -> torch.Tensor:
     """Inverse of :func:`pack_int4`: ``[N, K/2]`` uint8 → ``[N, K]`` uint8 in 0..15.
 
-    torch's CPU layout: each full block of 64 rows is ``[K, 32]`` bytes whose low nibbles hold
-    rows 0..31 and high nibbles rows 32..63; the tail block of ``n = N % 64`` rows is ``[K, n/2]``
-    bytes holding rows (2j, 2j+1) in (low, high) nibbles of byte j.
+    torch's CPU layout, with ``BN`` = :func:`pack_block_rows`: each full block of ``BN`` rows is
+    ``[K, BN/2]`` bytes whose low nibbles hold rows 0..BN/2-1 and high nibbles the rest; the
+    tail block of ``n = N % BN`` rows is ``[K, n/2]`` bytes holding rows (2j, 2j+1) in (low,
+    high) nibbles of byte j.
     """
+    bn = pack_block_rows()
     flat = packed.reshape(-1)
-    full = (N // 64) * 64
+    full = (N // bn) * bn
     out = []
     if full:
-        b = flat[: full * K // 2].view(N // 64, K, 32)                        # [B, K, 32]
-        q = torch.stack([b & 15, b >> 4], dim=1)                               # [B, 2, K, 32]
+        b = flat[: full * K // 2].view(N // bn, K, bn // 2)                    # [B, K, BN/2]
+        q = torch.stack([b & 15, b >> 4], dim=1)                               # [B, 2, K, BN/2]
         out.append(q.permute(0, 1, 3, 2).reshape(full, K))
     n = N - full
     if n:
@@ -137,7 +152,7 @@ class QuantLinear(nn.Module):
 
 class QuantEmbedding(nn.Module):
     """Row lookup into a quantized weight ``[V, H]`` (a :class:`QuantLinear` or a
-    :class:`~runtime.block_linear.BlockLinear`, whose ``rows(ids)`` dequantizes rows; tied
+    :class:`~agentlang.runtime.quant.block_linear.BlockLinear`, whose ``rows(ids)`` dequantizes rows; tied
     embeddings share it with the LM head) — only the looked-up rows are ever dequantized."""
 
     def __init__(self, table: nn.Module, dtype: torch.dtype):
@@ -153,15 +168,16 @@ def int4_rows(t: QuantLinear, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` of an int4 :class:`QuantLinear`'s weight, dequantized to bf16 ``[T, K]``
     (reads the packed layout described in :func:`unpack_int4`)."""
     N, K = t.weight.shape[0], t.in_features          # N: packed rows (padding included)
-    full = (N // 64) * 64
+    bn = pack_block_rows()
+    full = (N // bn) * bn
     flat = t.weight.reshape(-1)
     q = torch.empty(ids.shape[0], K, dtype=torch.uint8)
     main = ids < full
     if bool(main.any()):
-        b = flat[: full * K // 2].view(N // 64, K, 32)                             # [B, K, 32]
+        b = flat[: full * K // 2].view(N // bn, K, bn // 2)                        # [B, K, BN/2]
         r = ids[main]
-        byte = b[r // 64, :, r % 32]                                               # [t, K]
-        q[main] = torch.where((r % 64 < 32)[:, None], byte & 15, byte >> 4)
+        byte = b[r // bn, :, r % (bn // 2)]                                        # [t, K]
+        q[main] = torch.where((r % bn < bn // 2)[:, None], byte & 15, byte >> 4)
     if not bool(main.all()):
         tb = flat[full * K // 2:].view(K, (N - full) // 2)                          # [K, n/2]
         r = ids[~main] - full
