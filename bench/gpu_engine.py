@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.models import SMOLLM2_SHAPES, random_llama  # noqa: E402,F401
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog because",
@@ -40,29 +40,6 @@ PROMPTS = [
     "def fibonacci(n):",
 ] + [f"System: you are agent {i} of a debate about caching.\nUser: argue point {i}." for i in
      range(12)]
-
-
-SMOLLM2_SHAPES = dict(hidden_size=576, num_hidden_layers=8, num_attention_heads=9,
-                      num_key_value_heads=3, head_dim=64, intermediate_size=1536,
-                      max_position_embeddings=8192, tie_word_embeddings=True)
-
-
-def random_llama(tokenizer_dir: Path, out: Path, seed: int = 0, **shapes) -> Path:
-    """Save a random-weight Llama (``shapes``: LlamaConfig fields; default SmolLM2-135M's head
-    layout with 8 layers) and ``tokenizer_dir``'s tokenizer files into ``out``. A wide
-    initialisation (0.2) gives peaked logits, so greedy choices are far from ties."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    cfg = LlamaConfig(**{**SMOLLM2_SHAPES, **shapes}, vocab_size=len(tok), initializer_range=0.2,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(seed)
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    for f in tokenizer_dir.iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json",
-                                                         "chat_template.jinja"):
-            shutil.copy(f, out / f.name)
-    return out
 
 
 def run_backend(model: Path, backend: str, dtype: str, prompts: list[str], max_tokens: int,

@@ -37,7 +37,7 @@ from unittest import mock
 
 import torch
 
-from bench.greedy_decode import GreedyDecoder
+from tests.support.greedy_decode import GreedyDecoder
 from bench.kernel_util import bench_ms, copy_gbps, matmul_tflops
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,

@@ -20,6 +20,10 @@ OUT=${OUT:-bench/results}
 export OUT
 mkdir -p "$OUT"
 start=$(date +%s)
+# runtime/ and kernels/ import as agentlang.runtime / agentlang.kernels (setup.py maps them):
+# an editable install of this checkout, offline, no dependencies (the image has torch/triton)
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
+    || echo "editable install failed: agentlang.runtime will not import"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 timeout 130 python3 bench/kernels.py --sections "${SECTIONS:-checks,ceiling,sweep-extend,extend}" \
     2>&1 | tee "$OUT/kernels.log"

@@ -2,7 +2,7 @@
 under load.
 
 N ``agentlang serve`` replicas and the router run as real processes on free loopback ports
-(:mod:`bench.cluster`). Workload: T tenants x R requests, each tenant its own ~S-token system
+(:mod:`tests.support.cluster`). Workload: T tenants x R requests, each tenant its own ~S-token system
 prompt and a short unique question per request, interleaved in a seeded random order (each
 round visits every tenant once, in a new order), C concurrent clients on
 ``POST /v1/chat/completions`` (greedy, ``max_tokens`` new tokens).
@@ -38,7 +38,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.cluster import Cluster, start_cluster  # noqa: E402
+from tests.support.cluster import Cluster, start_cluster  # noqa: E402
 
 WORDS = ("policy ledger invoice tenant account refund shipment carrier warehouse customer "
          "contract renewal discount region quota audit compliance billing support escalation "

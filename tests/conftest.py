@@ -89,7 +89,7 @@ def prompt_ids(tokenizer):
 
 @pytest.fixture(scope="module")
 def tiny_llama_dir(tmp_path_factory):
-    from bench.gpu_engine import random_llama
+    from tests.support.models import random_llama
     from agentlang.runtime.weights.model_loader import resolve_model
 
     return random_llama(

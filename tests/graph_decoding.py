@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.greedy_decode import GreedyDecoder
+from tests.support.greedy_decode import GreedyDecoder
 from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
 from agentlang.runtime.execution.cuda_graph import make_decode_graphs
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool

@@ -231,3 +231,21 @@ def test_the_import_rule_fails_on_a_planted_upward_import():
     assert upward_imports("agentlang.runtime.cache.page_table", imports) == \
         ["agentlang.api", "agentlang.runtime.scheduler.scheduler"]
     assert upward_imports("agentlang.runtime.server.app", imports) == ["agentlang.api"]
+
+
+# Test modules whose subject is a benchmark script itself (what they import is under test).
+TESTS_OF_BENCH_SCRIPTS = {"tests/paged_kernels/test_kernel_compile.py",   # bench/kernel_compile.py
+                          "tests/test_gpu_script_dry_run.py"}              # bench/gpu_run.sh & co
+
+
+def test_tests_take_their_helpers_from_tests_support_not_bench():
+    offenders = []
+    for f in sorted((ROOT / "tests").rglob("*.py")):
+        rel = f.relative_to(ROOT).as_posix()
+        names = set()
+        for st in ast.walk(ast.parse(f.read_text())):
+            names |= imported_names(st, "", False, set())
+        if any(n == "bench" or n.startswith("bench.") for n in names) \
+                and rel not in TESTS_OF_BENCH_SCRIPTS:
+            offenders.append(rel)
+    assert not offenders, f"import helpers from tests/support, not bench/: {offenders}"

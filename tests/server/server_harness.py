@@ -16,7 +16,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from bench.cluster import free_port  # noqa: E402  (one owner of port picking)
+from tests.support.cluster import free_port  # noqa: E402  (one owner of port picking)
 
 KV_BUDGET_MB = "48"        # ~1000 tokens: small, so the load test exercises a full pool
 API_KEY = "test-secret-key"

@@ -1,5 +1,5 @@
 """Scale-out: two ``agentlang serve`` replicas behind ``sglang-router`` (cache-aware), all real
-processes on free loopback ports (``bench/cluster.py``).
+processes on free loopback ports (``tests/support/cluster.py``).
 
 The router's worker discovery finds every replica with its model id and metadata, with no 404
 fallback in its log; the OpenAI routes (official ``openai`` client), ``/generate`` and a DSL
@@ -13,7 +13,7 @@ import httpx
 import pytest
 from server_harness import metrics
 
-from bench.cluster import router_workers, start_cluster   # importable: server_harness adds REPO
+from tests.support.cluster import router_workers, start_cluster   # importable: server_harness adds REPO
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
