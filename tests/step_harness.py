@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 
 from agentlang.runtime.core.agent_stats import AgentStats
-from agentlang.runtime.core.errors import UNFIT_IN_KV_POOL
-from agentlang.runtime.engine.layer_break import LayerBreaks
+from agentlang.runtime.engine.step_core import StepCore
 from agentlang.runtime.engine.output_processor import OutputProcessor
 from agentlang.runtime.cache.page_allocator import PageAllocator
 from agentlang.runtime.cache.radix_cache import RadixCache
@@ -59,10 +58,14 @@ class FakeRunner:
 
     def __init__(self) -> None:
         self.steps: list[list[ScheduledItem]] = []
+        self.tokens_run = 0
+        self.forward_passes = 0
 
     def run(self, items: list[ScheduledItem], between_layers=None) -> torch.Tensor:
         """Logits of ``items``; ``between_layers`` (if given) runs once, as after layer 0."""
         self.steps.append(list(items))
+        self.tokens_run += sum(len(it.tokens) for it in items)
+        self.forward_passes += 1
         if between_layers is not None:
             between_layers()
         targets = []
@@ -101,8 +104,9 @@ class StepHarness:
                                          self.tokenizer, {EOS}, max_context)
         self.runner = FakeRunner()
         self.arrivals: list[RequestGroup] = []     # submitted while a step is in flight
-        self.breaks = LayerBreaks(self.scheduler, self.processor, self._take_arrivals,
-                                  self.runner.run)
+        self.core = StepCore(self.scheduler, self.processor, self.tracker, self.allocator,
+                             self.cache, self.runner, self._take_arrivals, page_size)
+        self.breaks = self.core.breaks
         self.num_steps = 0
 
     def submit(self, ids: list[int], **params) -> RequestGroup:
@@ -125,17 +129,12 @@ class StepHarness:
         return bool(took)
 
     def step(self) -> bool:
-        """The engine's step: schedule → run → process outputs."""
+        """The engine's step (:class:`StepCore`), then the arrivals no forward took (the engine's
+        inbox drain at the next step's start)."""
         self.num_steps += 1
-        self.processor.admit_ready_grammars()
-        batch = self.scheduler.schedule()
-        for req in batch.unfit:
-            self.processor.finish(req, "length", error=UNFIT_IN_KV_POOL)
-        if batch.items:
-            logits = self.runner.run(batch.items, self.breaks.hook(batch.items))
-            self.processor.process(batch.items, logits)
-        self._take_arrivals()          # those no forward took: queued for the next step
-        return self.scheduler.has_work or self.tracker.num_waiting_grammar > 0
+        busy = self.core.step()
+        self._take_arrivals()
+        return busy or self.scheduler.has_work
 
     def run(self, max_steps: int = 1000) -> None:
         for _ in range(max_steps):

@@ -249,3 +249,16 @@ def test_tests_take_their_helpers_from_tests_support_not_bench():
                 and rel not in TESTS_OF_BENCH_SCRIPTS:
             offenders.append(rel)
     assert not offenders, f"import helpers from tests/support, not bench/: {offenders}"
+
+
+def test_the_step_is_written_once():
+    """Only :class:`StepCore` schedules a step (the engine and the model-free harness both run
+    it): a second ``scheduler.schedule()`` anywhere would be a copy of the step."""
+    callers = []
+    for folder in ("runtime", "agentlang", "kernels", "tests", "bench"):
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr == "schedule" and not node.args:
+                    callers.append(f.relative_to(ROOT).as_posix())
+    assert callers == ["runtime/engine/step_core.py"], callers

@@ -1,13 +1,14 @@
 """The in-process engine: wiring of tokenizer, scheduler, model runner, sampler and prefix
 cache, plus the public API and the step.
 
-``step()`` reads as three verbs: schedule → run → process outputs. Callers submit from any
+``step()`` drains the inbox, then runs :class:`StepCore`'s step — schedule → run → process
+outputs, the one copy of it (the model-free tests build the same class). Callers submit from any
 thread: submissions and aborts go through the :class:`StepLoop` inbox drained at the start of
 each step, so the engine state is only touched by whoever runs ``step()`` (the background loop
 once an async or concurrent API started it, else the blocking call itself). Owners: requests
 in flight — :class:`RequestTracker`; building them — :class:`RequestBuilder`; queues, pages and
 preemption — :class:`Scheduler`; logits to tokens, finishing, streaming —
-:class:`OutputProcessor`.
+:class:`OutputProcessor`; the step, its metrics and snapshot — :class:`StepCore`.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ from agentlang.runtime.core.agent_stats import AgentStats
 from agentlang.runtime.attention.base import make_backend
 from agentlang.runtime.execution.cuda_graph import make_decode_graphs
 from agentlang.runtime.engine.config import EngineConfig
+from agentlang.runtime.engine.step_core import StepCore
 from agentlang.runtime.engine.step_loop import StepLoop
-from agentlang.runtime.engine.metrics import engine_metrics
-from agentlang.runtime.core.errors import UNFIT_IN_KV_POOL, EngineError, ErrorCode
+from agentlang.runtime.core.errors import EngineError, ErrorCode
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
-from agentlang.runtime.engine.layer_break import LayerBreaks
 from agentlang.runtime.weights.model_loader import resolve_model
 from agentlang.runtime.execution.model_runner import ModelRunner
 from agentlang.runtime.models.loading import load_model
@@ -100,9 +100,9 @@ class Engine:
         self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
                                          self.tokenizer, self.eos_ids, self.max_context)
         self.step_loop = StepLoop(self.step, self._fail_all)
-        self.breaks = LayerBreaks(self.scheduler, self.processor, self.step_loop.take_arrivals,
-                                  self.runner.run)
-        self.peak_pages_used = 0
+        self.core = StepCore(self.scheduler, self.processor, self.tracker, self.allocator,
+                             self.cache, self.runner, self.step_loop.take_arrivals,
+                             cfg.page_size)
         release_thread_pool()     # the loader's OpenMP workers: the stepping thread owns its own
 
     # ---- public API ---------------------------------------------------------------------
@@ -225,35 +225,27 @@ class Engine:
     def metrics(self) -> dict[str, float]:
         """A consistent snapshot: read under the step's lock, never mid-step."""
         with self.step_loop.lock:
-            return engine_metrics(self)
+            return self.core.metrics()
 
     def snapshot(self, max_nodes: int = 500, pages: bool = True):
         """A consistent copy of the live state (metrics, up to ``max_nodes`` radix-tree nodes,
         page refcounts, requests, recent evictions), taken between steps under the step
         lock; see :mod:`agentlang.runtime.engine.snapshot` (its ``cost_ms`` is the engine-thread cost)."""
-        from agentlang.runtime.engine.snapshot import check_max_nodes, take_snapshot
+        from agentlang.runtime.engine.snapshot import check_max_nodes
 
         check_max_nodes(max_nodes)
         with self.step_loop.lock:
-            return take_snapshot(self, max_nodes, pages)
+            return self.core.snapshot(max_nodes, pages)
 
     def reset_peak(self) -> None:
-        self.peak_pages_used = self.allocator.num_used
+        self.core.reset_peak()
 
     # ---- the loop -----------------------------------------------------------------------
     def step(self) -> bool:
         """One scheduling step; returns whether work remains."""
         with self.step_loop.lock:
             self.step_loop.drain()
-            self.processor.admit_ready_grammars()
-            batch = self.scheduler.schedule()
-            for req in batch.unfit:
-                self.processor.finish(req, "length", error=UNFIT_IN_KV_POOL)
-            if batch.items:
-                self.peak_pages_used = max(self.peak_pages_used, self.allocator.num_used)
-                logits = self.runner.run(batch.items, self.breaks.hook(batch.items))
-                self.processor.process(batch.items, logits)
-            return self.scheduler.has_work or self.tracker.num_waiting_grammar > 0
+            return self.core.step()
 
     def start_background_loop(self) -> None:
         self.step_loop.start()

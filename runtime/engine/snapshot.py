@@ -1,7 +1,8 @@
 """One consistent, cheap copy of what a live view shows: metrics, the radix tree (bounded),
 page reference counts, requests and recent evictions.
 
-``take_snapshot`` runs under the engine's step lock (``Engine.snapshot``), so it only *copies*:
+:meth:`StepCore.snapshot <agentlang.runtime.engine.step_core.StepCore.snapshot>` runs under
+the engine's step lock (``Engine.snapshot``), so it only *copies*:
 the tree walk is bounded by ``max_nodes`` and the page map is a refcount list copy; turning
 them into page states and text happens afterwards, off the engine thread
 (:func:`page_map`). ``cost_ms`` is the time the lock was held: the engine-thread cost.
@@ -9,17 +10,13 @@ them into page states and text happens afterwards, off the engine thread
 
 from __future__ import annotations
 
-import time
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from agentlang.runtime.cache.snapshot import TreeSnapshot, snapshot_tree
+from agentlang.runtime.cache.snapshot import TreeSnapshot
 from agentlang.runtime.cache.page_allocator import PageStates, page_states
 from agentlang.runtime.cache.radix_cache import Eviction
 from agentlang.runtime.request.request import RequestRow
-
-if TYPE_CHECKING:
-    from agentlang.runtime.engine.engine import Engine
 
 MAX_SNAPSHOT_NODES = 20000
 
@@ -42,21 +39,6 @@ def check_max_nodes(max_nodes: object) -> int:
         raise ValueError(f"max_nodes: must be an integer in [0, {MAX_SNAPSHOT_NODES}], "
                          f"got {max_nodes!r}")
     return max_nodes
-
-
-def take_snapshot(engine: Engine, max_nodes: int, pages: bool) -> EngineSnapshot:
-    """Copy the engine's live state. The caller holds the step lock."""
-    t0 = time.perf_counter()
-    cache = engine.cache
-    tree = snapshot_tree(cache, max_nodes) if max_nodes else None
-    refcounts = engine.allocator.refcounts() if pages else None
-    owned = cache.owned_pages() if pages else None
-    rows = engine.scheduler.request_rows(t0)
-    metrics = engine.metrics()
-    evictions = list(cache.recent_evictions)
-    cost = (time.perf_counter() - t0) * 1000.0
-    return EngineSnapshot(time.time(), metrics, tree, refcounts, owned, rows, evictions,
-                          cache.page_size, cost)
 
 
 def page_map(snap: EngineSnapshot) -> PageStates:
