@@ -6,7 +6,7 @@ switched on (``TRITON_INTERPRET=1``) before this package is first imported. Impo
 everywhere triton is installed; a launch the setup cannot run raises a clear error.
 """
 
-from agentlang.kernels._common import LaunchConfig
+from agentlang.kernels._common import LaunchConfig, check_ranges, page_table_checks
 from agentlang.kernels.decode_attention import (
     choose_num_splits,
     decode_attention,
@@ -23,6 +23,7 @@ from agentlang.kernels.page_copy import copy_pages, copy_pages_ref
 
 __all__ = [
     "LaunchConfig",
+    "check_ranges",
     "choose_num_splits",
     "copy_pages",
     "copy_pages_ref",
@@ -32,6 +33,7 @@ __all__ = [
     "default_extend_config",
     "extend_attention",
     "extend_attention_ref",
+    "page_table_checks",
     "store_kv",
     "store_kv_ref",
 ]

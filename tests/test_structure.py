@@ -262,3 +262,18 @@ def test_the_step_is_written_once():
                         and node.func.attr == "schedule" and not node.args:
                     callers.append(f.relative_to(ROOT).as_posix())
     assert callers == ["runtime/engine/step_core.py"], callers
+
+
+def test_no_module_imports_another_packages_private_module():
+    """``agentlang.kernels._common`` and friends are the kernels' own: the runtime (and the
+    frontend) import what ``agentlang.kernels`` exports."""
+    bad = []
+    for module, f in SOURCES.items():
+        pkg = module.split(".")[1] if module.count(".") else module
+        for st in ast.walk(ast.parse(f.read_text())):
+            for name in imported_names(st, module, f.name == "__init__.py", set(SOURCES)):
+                parts = name.split(".")
+                if len(parts) > 2 and parts[0] == "agentlang" and parts[1] != pkg \
+                        and any(p.startswith("_") and not p.startswith("__") for p in parts):
+                    bad.append((module, name))
+    assert not bad, bad

@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import torch
 
-from agentlang.kernels import copy_pages, decode_attention, extend_attention, store_kv
-from agentlang.kernels._common import check_ranges, page_table_checks
+from agentlang.kernels import (check_ranges, copy_pages, decode_attention, extend_attention,
+                               page_table_checks, store_kv)
 from agentlang.runtime.attention.forward_batch import ForwardBatch
 from agentlang.runtime.cache.kv_pool import KVPool
 
