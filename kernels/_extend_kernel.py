@@ -108,7 +108,7 @@ def _key_range(
 
 
 @triton.jit
-def extend_kernel(
+def _extend_kernel(
     Q, K, V, KScale, VScale, PageTable, QStartLoc, PrefixLens, SeqLens, Out,
     KNew, VNew, KDesc, VDesc,  # the new tokens' K/V [T, Hkv, D] (NEW_KV), as descriptors (TMA)
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2

@@ -37,7 +37,7 @@ from agentlang.kernels._common import (
     page_table_checks,
     use_fp32_dot,
 )
-from agentlang.kernels._extend_kernel import extend_kernel
+from agentlang.kernels._extend_kernel import _extend_kernel
 from agentlang.kernels._quant import dequantize_ref, quant_spec
 
 LOG2E = 1.4426950408889634
@@ -153,7 +153,7 @@ def extend_attention(
     check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev, contiguous=True)
     check_shape("seq_lens", seq_lens, (B,))
     out = checked_out(out, q, sm_scale)
-    check_launchable(extend_kernel, dev)
+    check_launchable(_extend_kernel, dev)
     check_new_kv(k_new, v_new, k_cache, T, Hkv, D)
     if max_prefix_len is not None and (not isinstance(max_prefix_len, int) or max_prefix_len < 0):
         raise ValueError(f"max_prefix_len must be an int >= 0 or None, got {max_prefix_len!r}")
@@ -180,7 +180,7 @@ def extend_attention(
 
     block_d = next_pow2(D, 16)
     cfg = check_launch_config(
-        default_extend_config(D, is_interpreted(extend_kernel)) if config is None else config)
+        default_extend_config(D, is_interpreted(_extend_kernel)) if config is None else config)
     quant = quant_spec(k_cache.dtype) is not None
     ks = k_scale if quant else k_cache  # unused pointers when not quantized
     vs = v_scale if quant else v_cache
@@ -197,7 +197,7 @@ def extend_attention(
     if max(grid[1:]) > 65535:  # CUDA's limit on the grid's y and z dimensions
         raise ValueError(f"extend_attention launches at most 65535 sequences and query blocks; "
                          f"got {B} sequences and {grid[2]} blocks of {cfg.block_m} rows")
-    extend_kernel[grid](
+    _extend_kernel[grid](
         q, k_cache, v_cache, ks, vs, page_table, q_start_loc, prefix_lens, seq_lens, out,
         kn, vn, kd, vd,
         float(sm_scale) * LOG2E,
@@ -212,7 +212,7 @@ def extend_attention(
         GROUP=group, HEAD_DIM=D, PAGE_SIZE=S,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
         # an 8-bit cache is dequantized to fp32 and enters the dots like a cache in q's dtype
-        DOT_F32=use_fp32_dot(precision, extend_kernel, q.dtype,
+        DOT_F32=use_fp32_dot(precision, _extend_kernel, q.dtype,
                              q.dtype if quant else k_cache.dtype),
         QUANT=quant, PACK_GQA=cfg.pack_gqa, NEW_KV=new_kv, TMA=cfg.tma,
         PREFIX=not new_kv or max_prefix_len is None or max_prefix_len > 0,
