@@ -105,7 +105,7 @@ class StepHarness:
         self.runner = FakeRunner()
         self.arrivals: list[RequestGroup] = []     # submitted while a step is in flight
         self.core = StepCore(self.scheduler, self.processor, self.tracker, self.allocator,
-                             self.cache, self.runner, self._take_arrivals, page_size)
+                             self.cache, self.runner, self._take_arrivals)
         self.breaks = self.core.breaks
         self.num_steps = 0
 

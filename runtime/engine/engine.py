@@ -101,8 +101,7 @@ class Engine:
                                          self.tokenizer, self.eos_ids, self.max_context)
         self.step_loop = StepLoop(self.step, self._fail_all)
         self.core = StepCore(self.scheduler, self.processor, self.tracker, self.allocator,
-                             self.cache, self.runner, self.step_loop.take_arrivals,
-                             cfg.page_size)
+                             self.cache, self.runner, self.step_loop.take_arrivals)
         release_thread_pool()     # the loader's OpenMP workers: the stepping thread owns its own
 
     # ---- public API ---------------------------------------------------------------------

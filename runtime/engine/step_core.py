@@ -42,18 +42,17 @@ class Runner(Protocol):
 
 class StepCore:
     """``take_arrivals()`` runs the submissions queued since and says whether there were any
-    (the layer breaks take them mid-step); ``page_size`` is reported in the metrics."""
+    (the layer breaks take them mid-step)."""
 
     def __init__(self, scheduler: Scheduler, processor: OutputProcessor, tracker: RequestTracker,
                  allocator: PageAllocator, cache: RadixCache, runner: Runner,
-                 take_arrivals: Callable[[], bool], page_size: int):
+                 take_arrivals: Callable[[], bool]):
         self.scheduler = scheduler
         self.processor = processor
         self.tracker = tracker
         self.allocator = allocator
         self.cache = cache
         self.runner = runner
-        self.page_size = page_size
         self.breaks = LayerBreaks(scheduler, processor, take_arrivals, runner.run)
         self.peak_pages_used = 0
 
@@ -106,7 +105,7 @@ class StepCore:
             "requests_finished": counters.requests_finished,
             "num_running": len(sched.running),
             "num_waiting": len(sched.waiting) + self.tracker.num_waiting_grammar,
-            "page_size": self.page_size,
+            "page_size": cache.page_size,
         }
 
     def snapshot(self, max_nodes: int, pages: bool) -> EngineSnapshot:

@@ -47,11 +47,11 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def pack_block_rows() -> int:
     """Rows of one block of torch's CPU int4 pack on this CPU: 64 where torch's kernels use
-    AVX-512, 32 with AVX2 (read off the op itself: it packs a probe with one nonzero nibble)."""
-    probe = torch.zeros(64, GROUP, dtype=torch.int32)
+    AVX-512, 32 with AVX2 (read off the op itself: :func:`pack_int4` of a probe with one nonzero
+    nibble, row 32's, which shares byte 0 with row 0 only in 64-row blocks)."""
+    probe = torch.zeros(64, GROUP, dtype=torch.uint8)
     probe[32, 0] = 1
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1).reshape(-1)
-    return 64 if int(packed[0]) == 16 else 32
+    return 64 if int(pack_int4(probe).reshape(-1)[0]) == 16 else 32
 
 
 def unpack_int4(packed: torch.Tensor, N: int, K: int) -> torch.Tensor:
