@@ -12,6 +12,7 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+SGLANG_LOGPROB_FIELDS = ("return_logprob", "top_logprobs_num")   # SGLang's names: -> logprobs
 VALUE_TYPES = {int: "int", float: "float", bool: "bool", str: "str",
                "int": "int", "float": "float", "bool": "bool", "str": "str"}
 
@@ -70,6 +71,20 @@ class SamplingOptions:
         stop = tuple(self.stop or ())
         return replace(self, stop=stop + tuple(s for s in extra if s not in stop))
 
+    def engine_fields(self) -> dict[str, Any]:
+        """The fields set here under the engine's names (``SamplingParams`` keywords): the
+        option names are the engine's but for the logprob pair, which becomes ``logprobs``;
+        sequences become lists. Backends rename from these (SGLang's names: the runtime's
+        table, :data:`agentlang.runtime.sampling.fields.SGLANG_NAMES`)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in SGLANG_LOGPROB_FIELDS and getattr(self, f.name) is not None}
+        for name in ("stop", "stop_token_ids"):
+            if name in out:
+                out[name] = list(out[name])
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        return out
+
     def json_schema_dict(self) -> dict | None:
         """The JSON schema as a dict (pydantic classes and JSON strings converted)."""
         return schema_to_dict(self.json_schema)
@@ -97,20 +112,19 @@ def make_options(*, max_tokens=None, min_tokens=None, stop=None, stop_token_ids=
                  presence_penalty=None, repetition_penalty=None, ignore_eos=None, seed=None,
                  return_logprob=None, top_logprobs_num=None, dtype=None, regex=None,
                  json_schema=None, grammar=None, priority=None, agent=None) -> SamplingOptions:
-    """Validate user-facing gen()/run() arguments; raises ValueError naming the field."""
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
-    if min_tokens is not None and (not isinstance(min_tokens, int) or min_tokens < 0):
-        raise ValueError(f"min_tokens must be a non-negative int, got {min_tokens!r}")
-    if temperature is not None and temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if min_p is not None and not 0 <= min_p <= 1:
-        raise ValueError(f"min_p must be in [0, 1], got {min_p!r}")
-    if top_logprobs_num is not None and (not isinstance(top_logprobs_num, int)
-                                         or top_logprobs_num < 0):
-        raise ValueError(f"top_logprobs_num must be a non-negative int, got {top_logprobs_num!r}")
+    """Validate user-facing gen()/run() arguments; raises ValueError naming the field (the
+    numeric ranges are the runtime's one table, :mod:`agentlang.runtime.sampling.fields`)."""
+    from agentlang.runtime.sampling.fields import bound
+
+    for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens),
+                        ("temperature", temperature), ("top_p", top_p), ("top_k", top_k),
+                        ("min_p", min_p), ("frequency_penalty", frequency_penalty),
+                        ("presence_penalty", presence_penalty),
+                        ("repetition_penalty", repetition_penalty)):
+        if value is not None:
+            bound(name).check(name, value)
+    if top_logprobs_num is not None:
+        bound("logprobs").check("top_logprobs_num", top_logprobs_num)
     if isinstance(stop, str):
         stop = (stop,)
     elif stop is not None:

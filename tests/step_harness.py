@@ -13,6 +13,7 @@ from agentlang.runtime.cache.page_allocator import PageAllocator
 from agentlang.runtime.cache.radix_cache import RadixCache
 from agentlang.runtime.request.request import RequestGroup
 from agentlang.runtime.engine.request_builder import LazyGrammarCache, RequestBuilder
+from agentlang.runtime.request.limits import RequestLimits
 from agentlang.runtime.engine.request_tracker import RequestTracker
 from agentlang.runtime.sampling.params import SamplingParams
 from agentlang.runtime.scheduler.scheduled import ScheduledItem
@@ -97,9 +98,9 @@ class StepHarness:
         self.agent_stats = AgentStats(max_agent_labels)
         self.tracker = RequestTracker(self.agent_stats)
         self.tokenizer = FakeTokenizer()
-        self.builder = RequestBuilder(self.tokenizer, VOCAB, max_context,
-                                      num_pages * page_size, ("fake",),
-                                      LazyGrammarCache(_no_grammar), seed=0)
+        self.builder = RequestBuilder(
+            self.tokenizer, RequestLimits(VOCAB, max_context, num_pages * page_size), ("fake",),
+            LazyGrammarCache(_no_grammar), seed=0)
         self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
                                          self.tokenizer, {EOS}, max_context)
         self.runner = FakeRunner()

@@ -99,9 +99,9 @@ def test_bad_values_appended():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"max_tokens": 0}, "max_tokens must be a positive int"),
-    ({"temperature": -1}, "temperature must be >= 0"),
-    ({"top_p": 0}, r"top_p must be in \(0, 1\]"),
+    ({"max_tokens": 0}, "max_tokens: must be an integer >= 1, got 0"),
+    ({"temperature": -1}, "temperature: must be a number >= 0, got -1"),
+    ({"top_p": 0}, r"top_p: must be in \(0, 1\], got 0"),
     ({"regex": "(", "name": "r"}, "does not compile"),
     ({"regex": "a", "json_schema": {"type": "string"}}, "at most one of"),
     ({"dtype": list}, "dtype must be one of"),

@@ -145,3 +145,19 @@ def test_bad_prompts_fail_alone(eng):
         small.generate([5] * 100, greedy(2))
     after = eng.generate("Still serving?", greedy(3))
     assert after.error is None and after.finish_reason in ("stop", "length")
+
+
+def test_prefill_only_caches_the_prompt_and_samples_nothing(eng):
+    prompt = LONG_PREFIX + "Question: which shelf holds poetry?"
+    eng.flush_cache()
+    before = eng.metrics()["tokens_run"]
+    out = eng.generate(prompt, greedy(8, regex="[a-z]+", prompt_logprobs=0), prefill_only=True)
+    n_prompt = len(out.prompt_token_ids)
+    assert eng.metrics()["tokens_run"] - before == n_prompt        # the prompt, no decode step
+    c = out.outputs[0]
+    assert (c.text, list(c.token_ids), c.finish_reason) == ("", [], "length")
+    assert out.prompt_logprobs[0] is None and all(lp <= 0 for lp in out.prompt_logprobs[1:])
+    warm = eng.generate(prompt, greedy(4))
+    assert warm.meta["cached_tokens"] >= n_prompt - eng.config.page_size
+    with pytest.raises(ValueError, match="regex"):                  # still checked
+        eng.generate(prompt, greedy(4, regex="("), prefill_only=True)

@@ -26,10 +26,14 @@ import httpx
 
 from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt
 from agentlang.chat_template import ChatTemplate, derive_chat_template
+from agentlang.runtime.sampling.fields import to_sglang
 from agentlang.sampling import SamplingOptions
 from agentlang.runtime.core.typed_values import VALUE_TYPE_REGEX
 
 EXTENSIONS = ("lark_grammar", "program", "agent")   # agentlang-only top-level /generate fields
+# Engine fields that travel outside ``sampling_params`` (top level, or as a constraint below).
+NOT_SAMPLING_PARAMS = ("json_schema", "regex", "grammar", "value_type", "priority", "agent",
+                       "logprobs")
 
 
 class EndpointError(RuntimeError):
@@ -187,19 +191,13 @@ class RuntimeEndpoint(Backend):
         top-level ``program`` field, never inside ``sampling_params``."""
         schema = opts.json_schema_dict()
         regex = opts.regex if opts.value_type is None else VALUE_TYPE_REGEX[opts.value_type]
-        params = {
-            "max_new_tokens": opts.max_tokens, "min_new_tokens": opts.min_tokens,
-            "temperature": opts.temperature, "top_p": opts.top_p, "top_k": opts.top_k,
-            "min_p": opts.min_p, "repetition_penalty": opts.repetition_penalty,
-            "frequency_penalty": opts.frequency_penalty,
-            "presence_penalty": opts.presence_penalty, "sampling_seed": opts.seed,
-            "stop": list(opts.stop) if opts.stop else None,
-            "stop_token_ids": list(opts.stop_token_ids) if opts.stop_token_ids else None,
-            "ignore_eos": opts.ignore_eos,
-            "json_schema": None if schema is None else json.dumps(schema), "regex": regex}
-        body: dict[str, Any] = {"text": text, "stream": stream,
-                                "sampling_params": {k: v for k, v in params.items()
-                                                    if v is not None}}
+        params = {to_sglang(k): v for k, v in opts.engine_fields().items()
+                  if k not in NOT_SAMPLING_PARAMS}
+        if schema is not None:
+            params["json_schema"] = json.dumps(schema)
+        if regex is not None:
+            params["regex"] = regex
+        body: dict[str, Any] = {"text": text, "stream": stream, "sampling_params": params}
         if opts.grammar is not None:
             body["lark_grammar"] = opts.grammar
         for name, value in (("priority", self.priority_of(opts)), ("agent", opts.agent)):

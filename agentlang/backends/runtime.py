@@ -102,17 +102,11 @@ class Runtime(Backend):
     def sampling_params(self, opts: SamplingOptions) -> Any:
         from agentlang.runtime import SamplingParams
 
-        fields = dict(
-            max_tokens=opts.max_tokens, min_tokens=opts.min_tokens or 0,
-            temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
-            min_p=opts.min_p, repetition_penalty=opts.repetition_penalty,
-            frequency_penalty=opts.frequency_penalty, presence_penalty=opts.presence_penalty,
-            seed=opts.seed, stop=list(opts.stop or ()),
-            stop_token_ids=list(opts.stop_token_ids or ()), ignore_eos=opts.ignore_eos,
-            logprobs=opts.logprobs, json_schema=opts.json_schema, regex=opts.regex,
-            grammar=opts.grammar, value_type=opts.value_type, priority=self.priority_of(opts),
-            agent=opts.agent)
-        return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
+        fields = opts.engine_fields()
+        priority = self.priority_of(opts)
+        if priority is not None:
+            fields["priority"] = priority
+        return SamplingParams(**fields)
 
     @staticmethod
     def _result(out: Any) -> GenResult:

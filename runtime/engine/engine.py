@@ -36,6 +36,7 @@ from agentlang.runtime.core.openmp_pool import release_thread_pool
 from agentlang.runtime.request.outputs import RequestOutput, StreamDelta
 from agentlang.runtime.engine.output_processor import OutputProcessor
 from agentlang.runtime.cache.page_allocator import PageAllocator
+from agentlang.runtime.request.limits import RequestLimits
 from agentlang.runtime.request.prompts import PromptInput
 from agentlang.runtime.cache.radix_cache import RadixCache
 from agentlang.runtime.request.request import RequestGroup
@@ -92,8 +93,8 @@ class Engine:
         # are never served to another.
         self.namespace_base = (self.model_name, str(cfg.torch_dtype), self.kv_layout.kv_dtype_name)
         self.grammars = LazyGrammarCache(self._make_grammar_cache)
-        self.builder = RequestBuilder(self.tokenizer, mc.vocab_size, self.max_context,
-                                      self.pool.capacity_tokens, self.namespace_base,
+        self.limits = RequestLimits(mc.vocab_size, self.max_context, self.pool.capacity_tokens)
+        self.builder = RequestBuilder(self.tokenizer, self.limits, self.namespace_base,
                                       self.grammars, cfg.seed)
         self.agent_stats = AgentStats(cfg.max_agent_labels)   # per-label totals (/metrics)
         self.tracker = RequestTracker(self.agent_stats)
@@ -109,9 +110,12 @@ class Engine:
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
-    def generate(self, prompts: PromptInput, params: SamplingParams | Sequence[SamplingParams] | None = None):
-        """Blocking. One prompt → one :class:`RequestOutput`; a list → a list, in order."""
-        single, groups = self._make_groups(prompts, params)
+    def generate(self, prompts: PromptInput, params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 prefill_only: bool = False):
+        """Blocking. One prompt → one :class:`RequestOutput`; a list → a list, in order.
+        ``prefill_only``: compute and cache the prompt's KV (and its ``prompt_logprobs`` if
+        asked), sample nothing: no output tokens, ``finish_reason`` ``"length"``."""
+        single, groups = self._make_groups(prompts, params, prefill_only=prefill_only)
         self._run_groups(groups)
         outs = [g.output() for g in groups]
         return outs[0] if single else outs
@@ -142,16 +146,20 @@ class Engine:
                 self.abort(group.rid)
 
     async def async_generate(self, prompt: PromptInput, params: SamplingParams | None = None,
-                             request_id: str | None = None) -> RequestOutput:
+                             request_id: str | None = None,
+                             prefill_only: bool = False) -> RequestOutput:
         out = None
-        async for d in self.async_stream(prompt, params, request_id):
+        async for d in self.async_stream(prompt, params, request_id, prefill_only):
             out = d.output or out
         return out
 
     async def async_stream(self, prompt: PromptInput, params: SamplingParams | None = None,
-                           request_id: str | None = None) -> AsyncIterator[StreamDelta]:
-        """Streams from the background loop; cancelling the consumer aborts the request."""
-        _, (group,) = self._make_groups(prompt, params, request_id, single_only=True)
+                           request_id: str | None = None,
+                           prefill_only: bool = False) -> AsyncIterator[StreamDelta]:
+        """Streams from the background loop; cancelling the consumer aborts the request
+        (``prefill_only``: see :meth:`generate`)."""
+        _, (group,) = self._make_groups(prompt, params, request_id, single_only=True,
+                                        prefill_only=prefill_only)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[StreamDelta] = asyncio.Queue()
         group.sink = lambda d: loop.call_soon_threadsafe(q.put_nowait, d)
@@ -284,9 +292,10 @@ class Engine:
         self.step_loop.post(lambda: self.processor.add(group), arrival=True)
 
     def _make_groups(self, prompts, params, request_id: str | None = None,
-                     single_only: bool = False) -> tuple[bool, list[RequestGroup]]:
+                     single_only: bool = False,
+                     prefill_only: bool = False) -> tuple[bool, list[RequestGroup]]:
         return self.builder.groups(prompts, params, self.apply_chat_template, request_id,
-                                   single_only)
+                                   single_only, prefill_only)
 
     def grammar_cache(self):
         """The compiled-grammar cache (created on first use: most engines never need it)."""

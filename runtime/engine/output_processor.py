@@ -77,7 +77,7 @@ class OutputProcessor:
                 continue
             touched.append(req)
             if req.group.prefill_only:
-                self.finish(req, "stop")
+                self.finish(req, "length")       # no output budget: nothing is sampled
                 continue
             for r in self._fork_if_first_sample(req):   # a draft's rows end the item's rows
                 jobs.append(StepJob(r, rows.stop - 1 - len(req.draft)))

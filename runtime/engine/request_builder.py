@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentlang.runtime.request.detokenizer import OutputText
-from agentlang.runtime.core.errors import EngineError, EngineValueError, ErrorCode
+from agentlang.runtime.request.limits import RequestLimits
 from agentlang.runtime.request.prompts import PromptInput, normalize_prompts
 from agentlang.runtime.request.request import Request, RequestGroup
 from agentlang.runtime.sampling.params import SamplingParams
@@ -43,17 +43,15 @@ class LazyGrammarCache:
 
 
 class RequestBuilder:
-    """Validates prompts against the model (``max_context`` tokens) and the KV pool
-    (``capacity_tokens``), names groups ``req-N`` unless given an id, and keys their cache
+    """Validates prompts against the model and the KV pool (``limits``, the checks the server
+    also makes before answering), names groups ``req-N`` unless given an id, and keys their cache
     entries by ``namespace_base`` plus the request's ``cache_salt``. ``seed`` seeds the
     generators of requests that set no seed of their own."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, max_context: int, capacity_tokens: int,
-                 namespace_base: tuple, grammars: LazyGrammarCache, seed: int | None):
+    def __init__(self, tokenizer: Any, limits: RequestLimits, namespace_base: tuple,
+                 grammars: LazyGrammarCache, seed: int | None):
         self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.max_context = max_context
-        self.capacity_tokens = capacity_tokens
+        self.limits = limits
         self.namespace_base = namespace_base
         self.grammars = grammars
         self._rng = random.Random(seed)
@@ -62,16 +60,17 @@ class RequestBuilder:
     # ---- groups (caller thread) ---------------------------------------------------------
     def encode_one(self, prompt: str | list[int], field: str) -> list[int]:
         """One prompt (text or token ids) as validated token ids; ``field`` names it in errors."""
-        _, ids = normalize_prompts(prompt, self.tokenizer, self.vocab_size, field,
+        _, ids = normalize_prompts(prompt, self.tokenizer, self.limits, field,
                                    single_only=True)
         return ids[0]
 
     def groups(self, prompts: PromptInput, params: SamplingParams | Sequence[SamplingParams] | None,
                chat: Callable[[list[dict]], str], request_id: str | None = None,
-               single_only: bool = False) -> tuple[bool, list[RequestGroup]]:
+               single_only: bool = False,
+               prefill_only: bool = False) -> tuple[bool, list[RequestGroup]]:
         """One group per prompt; ``params`` is shared or one per prompt. Returns whether a
         single prompt (not a list) was given. Raises ``ValueError`` naming the bad field."""
-        single, ids = normalize_prompts(prompts, self.tokenizer, self.vocab_size, "prompt",
+        single, ids = normalize_prompts(prompts, self.tokenizer, self.limits, "prompt",
                                         single_only=single_only, chat=chat)
         if params is None:
             params = SamplingParams()
@@ -81,19 +80,13 @@ class RequestBuilder:
         for p in plist:
             if not isinstance(p, SamplingParams):
                 raise ValueError(f"params: expected SamplingParams, got {type(p).__name__}")
-        return single, [self.group(i, p, rid=request_id) for i, p in zip(ids, plist)]
+        return single, [self.group(i, p, rid=request_id, prefill_only=prefill_only)
+                        for i, p in zip(ids, plist)]
 
     def group(self, ids: list[int], params: SamplingParams, rid: str | None = None,
               prefill_only: bool = False, logprob_start: int | None = None) -> RequestGroup:
         """A group for validated token ids; its constraint (if any) starts compiling."""
-        if len(ids) >= self.max_context:
-            raise EngineValueError(EngineError(
-                ErrorCode.CONTEXT_EXCEEDED, "prompt",
-                f"{len(ids)} tokens, the model's context is {self.max_context} tokens"))
-        if len(ids) + 1 > self.capacity_tokens:
-            raise EngineValueError(EngineError(
-                ErrorCode.KV_POOL_EXCEEDED, "prompt", f"{len(ids)} tokens do not fit the KV "
-                f"pool ({self.capacity_tokens} tokens; raise kv_budget_mb)"))
+        self.limits.check_prompt(len(ids))
         if params.prompt_logprobs is not None and logprob_start is None:
             logprob_start = 1
         ns = self.namespace_base + ((params.cache_salt,) if params.cache_salt else ())
@@ -134,7 +127,8 @@ class RequestBuilder:
         p = group.params
         matcher = budget = None
         if group.grammar is not None:
-            compiled = group.grammar.result()
+            compiled = group.grammar.result()    # prefill only: checked, never applied
+        if group.grammar is not None and not group.prefill_only:
             matcher = compiled.new_matcher()
             if p.complete_within_budget:
                 from agentlang.runtime.grammar.budget import BudgetGuard

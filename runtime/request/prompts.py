@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Union
 
+from agentlang.runtime.request.limits import RequestLimits
+
 PromptInput = Union[str, list[int], list[str], list[list[int]], list[dict]]
 
 
@@ -25,20 +27,18 @@ def validate_messages(messages: list[dict], field: str = "messages") -> None:
             raise ValueError(f"{field}[{i}].content: must be a string")
 
 
-def normalize_prompts(prompts: object, tokenizer, vocab_size: int, field: str = "prompt",
+def normalize_prompts(prompts: object, tokenizer, limits: RequestLimits, field: str = "prompt",
                       single_only: bool = False,
                       chat: Callable[[list[dict]], str] | None = None) -> tuple[bool, list[list[int]]]:
-    """Returns (was_single, token id lists). Raises ValueError naming ``field``."""
+    """Returns (was_single, token id lists). Raises ValueError naming ``field`` (token ids
+    checked by ``limits``)."""
     def encode(p: object, name: str) -> list[int]:
         if isinstance(p, str):
             if not p:
                 raise ValueError(f"{name}: must be a non-empty string")
             ids = tokenizer.encode(p)
         elif _is_ids(p):
-            ids = list(p)
-            bad = [t for t in ids if not 0 <= t < vocab_size]
-            if bad:
-                raise ValueError(f"{name}: token ids must be in [0, {vocab_size}), got {bad[:3]}")
+            ids = limits.check_ids(p, name)
         elif _is_chat(p) and chat is not None:
             validate_messages(p, name)
             ids = tokenizer.encode(chat(p), add_special_tokens=False)

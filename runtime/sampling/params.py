@@ -1,7 +1,8 @@
 """Per-request sampling parameters, validated at construction.
 
-Every invalid value raises ``ValueError`` naming the field and the accepted range; unknown
-fields raise ``ValueError`` listing the accepted ones (``SamplingParams(bogus=1)`` included).
+Every invalid value raises ``ValueError`` naming the field and the accepted range (the ranges
+and the greedy threshold are :mod:`agentlang.runtime.sampling.fields`' table); unknown fields
+raise ``ValueError`` listing the accepted ones (``SamplingParams(bogus=1)`` included).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 from agentlang.runtime.core.agent_stats import check_label
 from agentlang.runtime.grammar.constraints import CONSTRAINT_FIELDS, Constraint, constraint_from_params
 from agentlang.runtime.core.priority import check_priority
+from agentlang.runtime.sampling.fields import BOUNDS, GREEDY_BELOW, NONE_IS_OFF, is_int
 
 
-GREEDY_BELOW = 1e-6   # a temperature this small is greedy (as SGLang's): 1/T would overflow
 
 
 @dataclass(init=False)
@@ -118,29 +119,12 @@ class SamplingParams:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
 
-        def is_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        def is_num(v: Any) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-        if not is_int(self.max_tokens) or self.max_tokens < 1:
-            raise bad("max_tokens", "must be an integer >= 1")
-        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise bad("min_tokens", "must be an integer in [0, max_tokens]")
-        if not is_num(self.temperature) or self.temperature < 0:
-            raise bad("temperature", "must be a number >= 0")
-        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
-            raise bad("top_p", "must be in (0, 1]")
-        if not is_int(self.top_k) or self.top_k < -1:
-            raise bad("top_k", "must be -1 (off) or an integer >= 1")
-        if not is_num(self.min_p) or not 0 <= self.min_p <= 1:
-            raise bad("min_p", "must be in [0, 1]")
-        if not is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", "must be > 0")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if not is_num(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
-                raise bad(name, "must be in [-2, 2]")
+        for name, b in BOUNDS.items():
+            v = getattr(self, name)
+            if v is not None or name not in NONE_IS_OFF:
+                b.check(name, v)
+        if self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", "must be in [0, max_tokens]")
         if self.seed is not None and not is_int(self.seed):
             raise bad("seed", "must be an integer or None")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
@@ -149,14 +133,6 @@ class SamplingParams:
             is_int(t) and t >= 0 for t in self.stop_token_ids
         ):
             raise bad("stop_token_ids", "must be a list of token ids >= 0")
-        for name in ("logprobs", "prompt_logprobs"):
-            v = getattr(self, name)
-            if v is not None and (not is_int(v) or not 0 <= v <= 20):
-                raise bad(name, "must be None or an integer in [0, 20]")
-        if not is_int(self.n) or not 1 <= self.n <= 64:
-            raise bad("n", "must be an integer in [1, 64]")
-        if self.json_indent is not None and (not is_int(self.json_indent) or self.json_indent < 0):
-            raise bad("json_indent", "must be None (compact) or an integer >= 0")
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise bad("cache_salt", "must be a string")
         check_priority(self.priority, "priority")

@@ -3,7 +3,8 @@
 Types are strict (``"5"`` is not an int, ``1`` is not a bool); unknown fields are ignored, as
 OpenAI clients send fields a local server need not know (``user``, ``store``, ...). Each field's
 JSON schema (in ``/openapi.json``) is what the server accepts: ranges are pydantic constraints
-(the same ones :class:`runtime.SamplingParams` enforces), and fields whose JSON type is a union
+(derived from :mod:`agentlang.runtime.sampling.fields`, the table the engine's
+:class:`SamplingParams` checks with), and fields whose JSON type is a union
 (``prompt``, ``stop``, ``tool_choice``, message ``content``) are ``Any`` for validation, checked
 where they are used with messages naming the field, and documented with their real shape
 (``WithJsonSchema``). A token id is documented as ``TOKEN_ID`` (an integer >= 0, marked so that
@@ -19,6 +20,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
+from agentlang.runtime.sampling.fields import pydantic_bounds
 from agentlang.runtime.server.errors import APIError, validation_error
 
 M = TypeVar("M", bound=BaseModel)
@@ -95,35 +97,34 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
-Penalty = Annotated[float | None, Field(ge=-2, le=2)]
-TopLogprobs = Annotated[int | None, Field(ge=0, le=20)]
+TopLogprobs = Annotated[int | None, Field(**pydantic_bounds("logprobs"))]
 
 
 class SamplingFields(_Strict):
     """Fields shared by chat and text completions (OpenAI + the vLLM/SGLang extras)."""
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    n: int | None = Field(None, ge=1, le=64)
+    max_tokens: int | None = Field(None, **pydantic_bounds("max_tokens"))
+    temperature: float | None = Field(None, **pydantic_bounds("temperature"))
+    top_p: float | None = Field(None, **pydantic_bounds("top_p"))
+    n: int | None = Field(None, **pydantic_bounds("n"))
     stop: documented(STOP_SCHEMA) = None
     seed: int | None = None
-    presence_penalty: Penalty = None
-    frequency_penalty: Penalty = None
+    presence_penalty: float | None = Field(None, **pydantic_bounds("presence_penalty"))
+    frequency_penalty: float | None = Field(None, **pydantic_bounds("frequency_penalty"))
     logit_bias: dict | None = Field(None, max_length=0)  # not supported: absent or empty
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
     # extras, as vLLM / SGLang accept them
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
+    top_k: int | None = Field(None, **pydantic_bounds("top_k"))
+    min_p: float | None = Field(None, **pydantic_bounds("min_p"))
+    repetition_penalty: float | None = Field(None, **pydantic_bounds("repetition_penalty"))
     regex: str | None = None
     choices: list[str] | None = Field(None, min_length=1)
     grammar: str | None = None
     ignore_eos: bool | None = None
-    min_tokens: int | None = Field(None, ge=0)
+    min_tokens: int | None = Field(None, **pydantic_bounds("min_tokens"))
     cache_salt: str | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     skip_special_tokens: bool | None = None
@@ -134,7 +135,7 @@ class SamplingFields(_Strict):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, **pydantic_bounds("max_tokens"))
     logprobs: bool | None = None
     top_logprobs: TopLogprobs = None
     response_format: ResponseFormat | None = None
@@ -164,7 +165,7 @@ class CompletionRequest(SamplingFields):
     logprobs: TopLogprobs = None
     echo: bool | None = None
     suffix: str | None = Field(None, max_length=0)       # not supported: absent or empty
-    best_of: int | None = Field(None, ge=1, le=64)       # must equal n
+    best_of: int | None = Field(None, **pydantic_bounds("n"))       # must equal n
     response_format: ResponseFormat | None = None
 
 

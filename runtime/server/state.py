@@ -12,7 +12,8 @@ from typing import Any
 
 from agentlang.runtime.engine.engine import Engine, PrefixHandle
 from agentlang.runtime.sampling.params import SamplingParams
-from agentlang.runtime.server.errors import APIError, bad_request, from_value_error
+from agentlang.runtime.core.errors import EngineValueError
+from agentlang.runtime.server.errors import APIError, bad_request, engine_error, from_value_error
 from agentlang.runtime.server.logprobs import TokenTexts
 from agentlang.runtime.server.ops.metrics import ServerMetrics
 
@@ -50,31 +51,17 @@ class ServerState:
 
     @property
     def token_limit(self) -> int:
-        """Most tokens (prompt + output) one sequence may hold: the context, or the KV pool if
-        smaller."""
-        return min(self.engine.max_context, self.engine.pool.capacity_tokens)
-
-    def _limit_text(self) -> str:
-        e = self.engine
-        return (f"{self.token_limit} tokens (model context {e.max_context}, KV pool "
-                f"{e.pool.capacity_tokens}; a larger --kv-budget-mb raises the pool)")
+        """Most tokens (prompt + output) one sequence may hold (the engine's limits)."""
+        return self.engine.limits.token_limit
 
     def max_tokens_for(self, prompt_len: int, requested: int | None, param: str,
                        prompt_param: str) -> int:
-        """Checks ``prompt_len`` (+ ``requested``) against :attr:`token_limit`; ``None`` means
-        "up to the limit". Raises 400 ``context_length_exceeded`` naming the limit."""
-        limit = self.token_limit
-        if prompt_len >= limit:
-            raise APIError(400, f"{prompt_param}: the prompt is {prompt_len} tokens, the limit "
-                           f"is {self._limit_text()}", prompt_param, "context_length_exceeded")
-        if requested is None:
-            return limit - prompt_len
-        if isinstance(requested, int) and not isinstance(requested, bool) and requested >= 1 \
-                and prompt_len + requested > limit:
-            raise APIError(400, f"{param}: prompt ({prompt_len} tokens) + {param} ({requested}) "
-                           f"exceeds the limit of {self._limit_text()}", param,
-                           "context_length_exceeded")
-        return requested
+        """The engine's own check (:meth:`RequestLimits.output_budget`) as a 400
+        ``context_length_exceeded``; ``None`` means "up to the limit"."""
+        try:
+            return self.engine.limits.output_budget(prompt_len, requested, param, prompt_param)
+        except EngineValueError as e:
+            raise engine_error(e.error) from None
 
     # ---- prompts ------------------------------------------------------------------------
     def encode_text(self, text: str, param: str) -> list[int]:
@@ -83,14 +70,11 @@ class ServerState:
         return self.engine.tokenizer.encode(text)
 
     def check_ids(self, ids: Any, param: str) -> list[int]:
-        vocab = self.engine.model_config.vocab_size
-        if not isinstance(ids, list) or not ids or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise bad_request(f"{param}: must be a non-empty list of token ids", param)
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise bad_request(f"{param}: token ids must be in [0, {vocab}), got {bad[:3]}", param)
-        return list(ids)
+        """The engine's check of token ids (:meth:`RequestLimits.check_ids`) as a 400."""
+        try:
+            return self.engine.limits.check_ids(ids, param)
+        except ValueError as e:
+            raise from_value_error(e) from None
 
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         text = self.engine.apply_chat_template(messages, add_generation_prompt)

@@ -40,8 +40,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from agentlang.runtime.sampling.params import SamplingParams
-from agentlang.runtime.server.errors import bad_request, from_value_error
+from agentlang.runtime.server.errors import bad_request
 from agentlang.runtime.server.logprobs import native_logprobs
 from agentlang.runtime.server.sglang.routes import prompt_ids
 from agentlang.runtime.server.sglang.output import Item, completions, result
@@ -126,7 +125,6 @@ def _items(state: ServerState, req: GenerateRequest) -> tuple[bool, list[Item]]:
     salts = _per_prompt(req.cache_salt, n, single, "cache_salt")
     priorities = _per_prompt(req.priority, n, single, "priority")
     agents = _per_prompt(req.agent, n, single, "agent")
-    vocab = state.engine.model_config.vocab_size
     items = []
     for i, ids in enumerate(prompts):
         at = "" if single else f"[{i}]"
@@ -146,7 +144,7 @@ def _items(state: ServerState, req: GenerateRequest) -> tuple[bool, list[Item]]:
                               "supported; send logprob_start_len -1 with top_logprobs_num",
                               f"top_logprobs_num{at}")
         try:
-            sampling = parse_sampling(sps[i], where, vocab)
+            sampling = parse_sampling(sps[i], where, state.engine.limits)
         except NativeParamError as e:
             raise bad_request(str(e), e.field) from None
         fields = dict(sampling.fields)
@@ -159,9 +157,9 @@ def _items(state: ServerState, req: GenerateRequest) -> tuple[bool, list[Item]]:
             constraint = {"grammar": req.lark_grammar}
         max_new = state.max_tokens_for(len(ids), fields["max_tokens"],
                                        f"{where}.max_new_tokens", prompt_field + at)
-        if sampling.prefill_only:
-            fields.update(max_tokens=1, min_tokens=0, n=1, stop=[], stop_token_ids=[],
-                          **dict.fromkeys(_CONSTRAINTS + ("grammar",)))
+        if sampling.prefill_only:     # the engine's prefill_only: nothing sampled, the
+            del fields["max_tokens"], fields["min_tokens"]   # constraint checked, not applied
+            fields.update(n=1, complete_within_budget=False)
         else:
             fields["max_tokens"] = max_new
         _check_type(salts[i], salts[i] is None or isinstance(salts[i], str) and salts[i],
@@ -182,19 +180,12 @@ def _items(state: ServerState, req: GenerateRequest) -> tuple[bool, list[Item]]:
 
 
 async def _check_constraints(state: ServerState, items: list[Item]) -> None:
-    """Compile each constraint (prefill-only ones too: checked, then not applied)."""
+    """Compile each constraint (prefill-only ones too: checked, then not applied) on the
+    params submitted, so it is normalised once."""
     for item in items:
         if item.constraint:
-            if not item.sampling.prefill_only:   # the params submitted: normalised once
-                probe = item.params
-            else:                                # prefill only: compiled, checked, not applied
-                try:
-                    probe = SamplingParams(**item.constraint, complete_within_budget=False)
-                except ValueError as e:
-                    raise from_value_error(e, {"grammar": "lark_grammar"}, "sampling_params") \
-                        from None
             prefix = "" if "grammar" in item.constraint else "sampling_params."
-            await state.compile_constraint(probe, "lark_grammar" if not prefix else None,
+            await state.compile_constraint(item.params, "lark_grammar" if not prefix else None,
                                            prefix, "sampling_params.max_new_tokens")
 
 
@@ -222,7 +213,8 @@ async def generate(request: Request):
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     state.native_rids.update(it.rid for it in items)
     try:
-        work = asyncio.gather(*[state.engine.async_generate(it.ids, it.params, it.rid)
+        work = asyncio.gather(*[state.engine.async_generate(it.ids, it.params, it.rid,
+                                                            it.sampling.prefill_only)
                                 for it in items])
         outs = await until_disconnect(request, work)
     finally:
@@ -241,7 +233,8 @@ async def _stream(state: ServerState, req: GenerateRequest, items: list[Item],
     lps: dict[tuple[int, int], list] = {}
     state.native_rids.update(it.rid for it in items)
     try:
-        streams = [state.engine.async_stream(it.ids, it.params, it.rid) for it in items]
+        streams = [state.engine.async_stream(it.ids, it.params, it.rid, it.sampling.prefill_only)
+                   for it in items]
         async for k, d in merge_streams(streams):
             item, key = items[k], (k, d.index)
             if d.output is not None:

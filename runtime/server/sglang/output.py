@@ -20,7 +20,7 @@ class Item:
     ids: list[int]
     rid: str
     sampling: NativeSampling
-    params: SamplingParams           # what the engine runs (prefill only: one dropped token)
+    params: SamplingParams           # what the engine runs (prefill only: nothing sampled)
     constraint: dict[str, Any]       # the output constraint as engine fields ({} if none)
     return_logprob: bool
     start: int                       # logprob_start_len (-1: no input logprobs)
@@ -35,10 +35,8 @@ def meta_info(state: ServerState, with_text: bool, item: Item, out: RequestOutpu
               c: CompletionOutput) -> dict:
     """``meta_info`` of completion ``c``; ``with_text``: ``return_text_in_logprobs``."""
     m = out.meta
-    prefill = item.sampling.prefill_only
-    if prefill:
-        finish: dict | None = {"type": "length", "length": 0}
-    elif c.finish_reason is None:
+    finish: dict | None
+    if c.finish_reason is None:
         finish = None
     elif c.finish_reason == "length":
         finish = {"type": "length", "length": len(c.token_ids)}
@@ -48,7 +46,7 @@ def meta_info(state: ServerState, with_text: bool, item: Item, out: RequestOutpu
         finish = {"type": c.finish_reason, "matched": c.matched_stop}
     meta: dict[str, Any] = {
         "id": item.rid, "finish_reason": finish, "prompt_tokens": len(item.ids),
-        "weight_version": "default", "completion_tokens": 0 if prefill else len(c.token_ids),
+        "weight_version": "default", "completion_tokens": len(c.token_ids),
         "cached_tokens": m.get("cached_tokens", 0), "reasoning_tokens": 0,
         "num_retractions": 0, "e2e_latency": m.get("latency_s"),
     }
@@ -57,8 +55,7 @@ def meta_info(state: ServerState, with_text: bool, item: Item, out: RequestOutpu
         meta["input_token_logprobs"] = [] if item.start < 0 else [
             _triple(state, None if p == item.start else plp[p], ids[p], with_text)
             for p in range(item.start, len(ids))]
-        chosen, top = native_logprobs([] if prefill else c.logprobs or [], state.tokens,
-                                      item.top)
+        chosen, top = native_logprobs(c.logprobs or [], state.tokens, item.top)
         if not with_text:
             chosen = [[lp, tid, None] for lp, tid, _ in chosen]
             top = None if top is None else [[[a, t, None] for a, t, _ in pos] for pos in top]
@@ -72,8 +69,7 @@ def meta_info(state: ServerState, with_text: bool, item: Item, out: RequestOutpu
 
 def result(state: ServerState, with_text: bool, item: Item, out: RequestOutput,
            c: CompletionOutput, many: bool) -> dict:
-    prefill = item.sampling.prefill_only
-    r = {"text": "" if prefill else c.text, "output_ids": [] if prefill else list(c.token_ids),
+    r = {"text": c.text, "output_ids": list(c.token_ids),
          "meta_info": meta_info(state, with_text, item, out, c)}
     if many:
         r["index"] = c.index
@@ -81,6 +77,6 @@ def result(state: ServerState, with_text: bool, item: Item, out: RequestOutput,
 
 
 def completions(item: Item, out: RequestOutput) -> list[CompletionOutput]:
-    if item.sampling.prefill_only:     # n results of one prefill
+    if item.sampling.prefill_only:     # n results of one prefill (the engine's: finish "length")
         return [CompletionOutput(k, "", [], "length") for k in range(item.sampling.fields["n"])]
     return out.outputs

@@ -18,10 +18,11 @@ tokenizers' decode has no such switch), ``stream_interval`` (every token is stre
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from agentlang.runtime.sampling.fields import GREEDY_BELOW, is_int as _is_int, sglang_bound, to_engine
+from agentlang.runtime.request.limits import RequestLimits
 from agentlang.runtime.server.protocol import TOKEN_ID
 
 DEFAULTS: dict[str, Any] = {
@@ -35,16 +36,17 @@ DEFAULTS: dict[str, Any] = {
     "custom_params": None, "beam_width": None, "watermark": None,
 }
 MAX_STOP_COUNT = 32
-GREEDY_EPS = 1e-6
+# The numeric fields, checked and documented by the bounds table (agentlang.runtime.sampling.fields).
+_BOUNDED = ("max_new_tokens", "min_new_tokens", "n", "temperature", "top_p", "top_k", "min_p",
+            "frequency_penalty", "presence_penalty", "repetition_penalty")
 _BOOLS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
+# The SGLang fields that reach the engine (renamed by SGLANG_NAMES); the rest are checked only.
+_ENGINE_FIELDS = _BOUNDED + ("sampling_seed", "stop", "stop_token_ids", "ignore_eos",
+                             "no_stop_trim", "skip_special_tokens", "json_schema", "regex")
 
 
 def _nullable(schema: dict) -> dict:
     return {"anyOf": [schema, {"type": "null"}]}      # null = the default
-
-
-def _number(**bounds: float) -> dict:
-    return _nullable({"type": "number", **bounds})
 
 
 # What `if value:` lets through: the "not supported" fields accept exactly these.
@@ -53,19 +55,11 @@ _TEXT_OR_FALSY = {"anyOf": [{"type": "string"}, _FALSY]}
 # The JSON schema of one ``sampling_params`` object, exactly as parse_sampling checks it (a
 # token id's upper bound is the served vocabulary: see agentlang.runtime.server.openapi).
 SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": {
-    "max_new_tokens": _nullable({"type": "integer", "minimum": 0}),
-    "min_new_tokens": _nullable({"type": "integer", "minimum": 0}),
-    "n": _nullable({"type": "integer", "minimum": 1, "maximum": 64}),
+    **{name: _nullable(sglang_bound(name).json_schema()) for name in _BOUNDED},
     "stop": _nullable({"anyOf": [{"type": "string"}, {
         "type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP_COUNT}]}),
     "stop_token_ids": _nullable({"type": "array", "items": TOKEN_ID}),
     "stop_regex": _nullable({"type": "array", "maxItems": 0}),
-    "temperature": _number(minimum=0), "top_p": _number(exclusiveMinimum=0, maximum=1),
-    "top_k": _nullable({"anyOf": [{"const": -1}, {"type": "integer", "minimum": 1}]}),
-    "min_p": _number(minimum=0, maximum=1),
-    "frequency_penalty": _number(minimum=-2, maximum=2),
-    "presence_penalty": _number(minimum=-2, maximum=2),
-    "repetition_penalty": _number(exclusiveMinimum=0, maximum=2),
     "json_schema": _TEXT_OR_FALSY, "regex": _TEXT_OR_FALSY, "ebnf": _FALSY,
     "structural_tag": _FALSY, "watermark": _FALSY, "logit_bias": _FALSY,
     **{name: _nullable({"type": "boolean"}) for name in _BOOLS},
@@ -92,15 +86,6 @@ class NativeSampling:
     prefill_only: bool          # max_new_tokens == 0
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v))
-
-
 def _str_list(v: Any, where: str) -> list[str]:
     if isinstance(v, str):
         return [v]
@@ -109,8 +94,9 @@ def _str_list(v: Any, where: str) -> list[str]:
     raise NativeParamError(where, f"must be a string or a list of strings, got {v!r}")
 
 
-def parse_sampling(raw: Any, where: str, vocab_size: int) -> NativeSampling:
-    """Checks ``raw`` (a dict or ``None``) as SGLang does and maps it to engine fields."""
+def parse_sampling(raw: Any, where: str, limits: RequestLimits) -> NativeSampling:
+    """Checks ``raw`` (a dict or ``None``) as SGLang does and maps it to engine fields (stop
+    token ids checked by the engine's ``limits``)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -124,44 +110,28 @@ def parse_sampling(raw: Any, where: str, vocab_size: int) -> NativeSampling:
     def bad(name: str, why: str) -> NativeParamError:
         return NativeParamError(f"{where}.{name}", f"{why}, got {p[name]!r}")
 
-    for name in ("min_new_tokens", "n", "top_k"):
-        if not _is_int(p[name]):
-            raise bad(name, "must be an integer")
-    for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
-                 "repetition_penalty"):
-        if not _is_num(p[name]):
-            raise bad(name, "must be a finite number")
+    max_new = raw.get("max_new_tokens", 128)          # null: up to the context limit
+    for name in _BOUNDED:
+        if name != "max_new_tokens" or max_new is not None:
+            b = sglang_bound(name)
+            if not b.accepts(p[name]):
+                raise NativeParamError(f"{where}.{name}", b.why(p[name]))
     for name in _BOOLS:
         if not isinstance(p[name], bool):
             raise bad(name, "must be a boolean")
-    max_new = raw.get("max_new_tokens", 128)          # null: up to the context limit
-    if max_new is not None and (not _is_int(max_new) or max_new < 0):
-        raise NativeParamError(f"{where}.max_new_tokens",
-                               f"must be an integer >= 0 or null, got {max_new!r}")
-    if p["temperature"] < 0:
-        raise bad("temperature", "must be a non-negative finite number")
-    if not 0.0 < p["top_p"] <= 1.0:
-        raise bad("top_p", "must be in (0, 1]")
-    if not 0.0 <= p["min_p"] <= 1.0:
-        raise bad("min_p", "must be in [0, 1]")
-    if p["top_k"] != -1 and p["top_k"] < 1:
-        raise bad("top_k", "must be -1 (disable) or at least 1")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if not -2.0 <= p[name] <= 2.0:
-            raise bad(name, "must be in [-2, 2]")
-    if not 0.0 < p["repetition_penalty"] <= 2.0:
-        raise bad("repetition_penalty", "must be in (0, 2] (1.0 = no penalty)")
-    if p["min_new_tokens"] < 0 or (max_new is not None and p["min_new_tokens"] > max_new):
+    if max_new is not None and p["min_new_tokens"] > max_new:
         raise bad("min_new_tokens", f"must be in [0, max_new_tokens({max_new})]")
-    if p["n"] < 1:
-        raise bad("n", "must be at least 1")
     stop = _str_list(p["stop"], f"{where}.stop") if p["stop"] is not None else []
     if len(stop) > MAX_STOP_COUNT:
         raise bad("stop", f"at most {MAX_STOP_COUNT} stop strings")
     stop = [s for s in stop if s]
     ids = p["stop_token_ids"] or []
-    if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t < vocab_size for t in ids):
-        raise bad("stop_token_ids", f"must be a list of token ids in [0, {vocab_size})")
+    if ids != []:
+        name = f"{where}.stop_token_ids"
+        try:
+            ids = limits.check_ids(ids, name)
+        except ValueError as e:     # its message starts with the field's name
+            raise NativeParamError(name, str(e)[len(name) + 2:]) from None
     if p["stop_regex"] is not None and _str_list(p["stop_regex"], f"{where}.stop_regex"):
         raise bad("stop_regex", "not supported by this server (give stop strings instead)")
     if p["logit_bias"]:
@@ -191,24 +161,14 @@ def parse_sampling(raw: Any, where: str, vocab_size: int) -> NativeSampling:
             json.loads(grammars["json_schema"])
         except ValueError as e:
             raise bad("json_schema", f"must be a JSON string ({e})") from None
-    greedy = p["temperature"] < GREEDY_EPS
-    fields = {
-        "max_tokens": max_new, "min_tokens": p["min_new_tokens"], "n": p["n"],
-        "temperature": 0.0 if greedy else float(p["temperature"]), "top_p": p["top_p"],
-        "top_k": p["top_k"], "min_p": p["min_p"],
-        "frequency_penalty": p["frequency_penalty"], "presence_penalty": p["presence_penalty"],
-        "repetition_penalty": p["repetition_penalty"], "seed": p["sampling_seed"],
-        "stop": stop, "stop_token_ids": list(ids), "ignore_eos": p["ignore_eos"],
-        "include_stop_str_in_output": p["no_stop_trim"],
-        "skip_special_tokens": p["skip_special_tokens"],
-        "json_schema": grammars["json_schema"], "regex": grammars["regex"],
-    }
+    p.update(max_new_tokens=max_new, stop=stop, stop_token_ids=list(ids),
+             json_schema=grammars["json_schema"], regex=grammars["regex"])
+    if p["temperature"] < GREEDY_BELOW:
+        p["temperature"] = 0.0
+    fields = {to_engine(k): p[k] for k in _ENGINE_FIELDS}
     return NativeSampling(fields, max_new == 0)
 
 
 def engine_field_names(where: str) -> dict[str, str]:
     """Engine field → request field, for the engine's own ``ValueError`` messages."""
-    names = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
-             "seed": "sampling_seed", "include_stop_str_in_output": "no_stop_trim"}
-    return {**{k: f"{where}.{v}" for k, v in names.items()},
-            **{k: f"{where}.{k}" for k in DEFAULTS}}
+    return {to_engine(k): f"{where}.{k}" for k in DEFAULTS}

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from agentlang.runtime.server.chat import normalize_messages
-from agentlang.runtime.server.errors import APIError, bad_request, from_value_error
+from agentlang.runtime.server.errors import bad_request, from_value_error
 from agentlang.runtime.server.openapi import json_body
 from agentlang.runtime.server.protocol import NON_EMPTY_TEXT, TOKEN_IDS, ChatMessage, TokenIdList, \
     _Strict, documented, parse_body
@@ -130,9 +130,7 @@ async def tokenize(request: Request):
 async def detokenize(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, DetokenizeRequest)
-    vocab = state.engine.model_config.vocab_size
-    bad = [t for t in req.tokens if not 0 <= t < vocab]
-    if bad:
-        raise APIError(400, f"tokens: ids must be in [0, {vocab}), got {bad[:3]}", "tokens")
+    if req.tokens:
+        state.check_ids(req.tokens, "tokens")
     text = state.engine.tokenizer.decode(req.tokens, skip_special_tokens=req.skip_special_tokens)
     return {"text": text}
