@@ -1,5 +1,5 @@
-"""The interpreter: a visitor over IR nodes, one ``visit_*`` method per node type, dispatched
-through one table (:data:`Interpreter.VISITS`, node type → method) — never by class name.
+"""The interpreter: a visitor over IR nodes, one ``visit_<kind>`` method per leaf kind,
+dispatched by :func:`agentlang.ir.handler` (the one dispatch every pass uses).
 
 It runs a stream's submitted nodes on the stream's worker thread and touches the stream only
 through the :class:`~agentlang.stream.Stream` protocol (``StreamExecutor`` in executor.py implements it).
@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 from agentlang import agent
-from agentlang.ir import (AgentLoop, Concat, Expr, Gen, RoleBegin, RoleEnd, Select, Text,
-                          ToolCall, VarScopeBegin, VarScopeEnd)
+from agentlang.ir import (AgentLoop, Expr, Gen, RoleBegin, RoleEnd, Select, Text, ToolCall,
+                          VarScopeBegin, VarScopeEnd, handler, leaves)
 from agentlang.stream import Stream
 
 
@@ -23,6 +22,7 @@ from agentlang.stream import Stream
 class JoinItem:
     """Queued on the parent stream by ``join``: wait for the fork's children, merge them."""
 
+    kind: ClassVar[str] = "join"
     record: Any                   # executor.ForkRecord: children and the prefix handle
     mode: str                     # a join mode of state.JOIN_MODES
 
@@ -32,17 +32,11 @@ class Interpreter:
         self.s = stream
 
     def execute(self, node: Expr | JoinItem) -> None:
-        visit = self.VISITS.get(type(node))
-        if visit is None:
-            raise TypeError(f"the interpreter cannot run a {type(node).__name__} node")
-        visit(self, node)
+        for leaf in leaves(node) if isinstance(node, Expr) else (node,):
+            handler(self, "visit_", leaf)(leaf)
 
     def visit_text(self, node: Text) -> None:
         self.s.fill(node.value)
-
-    def visit_concat(self, node: Concat) -> None:
-        for item in node.items:
-            self.execute(item)
 
     def visit_gen(self, node: Gen) -> None:
         opts = self.s.resolve(node.options)
@@ -106,14 +100,6 @@ class Interpreter:
                     self.s.messages_.extend(c.messages_[c.fork_messages:])
         finally:
             self.s.ctx.release(item.record)
-
-    VISITS = MappingProxyType({
-        Text: visit_text, Concat: visit_concat, Gen: visit_gen,
-        Select: visit_select, RoleBegin: visit_role_begin,
-        RoleEnd: visit_role_end, VarScopeBegin: visit_var_scope_begin,
-        VarScopeEnd: visit_var_scope_end, ToolCall: visit_tool_call,
-        AgentLoop: visit_agent_loop, JoinItem: visit_join,
-    })
 
 
 def typed_value(text: str, value_type: str | None, name: str | None) -> Any:

@@ -12,7 +12,8 @@ is needed (an f-string, ``str()``, ``if``) raises ``TraceError`` explaining how 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agentlang.sampling import SamplingOptions
 # SGLang's regex constants (same values, so ported programs keep their constraints).
@@ -29,7 +30,16 @@ class TraceError(ValueError):
 
 
 class Expr:
-    """Base of every IR node. ``+`` builds a flattened ``Concat``."""
+    """Base of every IR node. ``+`` builds a flattened ``Concat``.
+
+    A node a program appends to its state (a leaf) names its ``kind``: the kind of its node in
+    the traced graph and, through :func:`handler`, the method each pass runs on it
+    (``Interpreter.visit_<kind>``, ``TraceStream.trace_<kind>``, the state's optional
+    ``_check_<kind>``). A new leaf is a class with a ``kind`` and those methods; a pass that
+    lacks its method fails with ``TypeError`` (and ``tests/frontend/test_node_dispatch.py``
+    lists every leaf against every pass)."""
+
+    kind: ClassVar[str | None] = None
 
     def __add__(self, other: Any) -> Concat:
         return concat(self, other)
@@ -40,6 +50,7 @@ class Expr:
 
 @dataclass(frozen=True)
 class Text(Expr):
+    kind: ClassVar[str] = "text"
     value: str
 
 
@@ -50,12 +61,14 @@ class Concat(Expr):
 
 @dataclass(frozen=True)
 class Gen(Expr):
+    kind: ClassVar[str] = "gen"
     name: str | None
     options: SamplingOptions
 
 
 @dataclass(frozen=True)
 class Select(Expr):
+    kind: ClassVar[str] = "select"
     name: str | None
     choices: tuple[str, ...]
     temperature: float
@@ -64,21 +77,25 @@ class Select(Expr):
 
 @dataclass(frozen=True)
 class RoleBegin(Expr):
+    kind: ClassVar[str] = "role_begin"
     role: str
 
 
 @dataclass(frozen=True)
 class RoleEnd(Expr):
+    kind: ClassVar[str] = "role_end"
     role: str
 
 
 @dataclass(frozen=True)
 class VarScopeBegin(Expr):
+    kind: ClassVar[str] = "var_scope_begin"
     name: str
 
 
 @dataclass(frozen=True)
 class VarScopeEnd(Expr):
+    kind: ClassVar[str] = "var_scope_end"
     name: str
 
 
@@ -89,6 +106,8 @@ class ToolCall(Expr):
     The generated call text is appended; the variable ``name`` receives the tool's return value.
     """
 
+    kind: ClassVar[str] = "tool_call"
+
     tools: tuple[Tool, ...]
     name: str | None
     max_tokens: int
@@ -98,6 +117,8 @@ class ToolCall(Expr):
 @dataclass(frozen=True)
 class AgentLoop(Expr):
     """Alternate assistant tool calls and fed-back results until a final answer (or max_steps)."""
+
+    kind: ClassVar[str] = "agent_loop"
 
     tools: tuple[Tool, ...]
     name: str
@@ -228,6 +249,29 @@ def as_expr(value: Any) -> Expr:
         f"cannot append a {type(value).__name__} to a program state; append str or agentlang "
         f"expressions (convert with str(...) or json.dumps(...))"
     )
+
+
+def handler(owner: object, prefix: str, node: Any, optional: bool = False) -> Callable | None:
+    """``owner``'s method for ``node``: ``<prefix><kind>`` (the one dispatch of every pass over
+    the IR). A missing method is a ``TypeError`` naming it, or ``None`` when ``optional``."""
+    kind = getattr(type(node), "kind", None)
+    method = getattr(owner, prefix + kind, None) if kind is not None else None
+    if method is None and not optional:
+        raise TypeError(f"{type(owner).__name__} cannot handle a {type(node).__name__} node "
+                        f"(it has no {prefix}{kind or '<kind>'} method)")
+    return method
+
+
+def leaf_kinds() -> dict[str, type[Expr]]:
+    """Every leaf node class (an ``Expr`` subclass naming a ``kind``), by kind."""
+    found: dict[str, type[Expr]] = {}
+    todo = list(Expr.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.__dict__.get("kind") is not None:
+            found[cls.kind] = cls
+    return found
 
 
 def leaves(expr: Expr) -> tuple[Expr, ...]:

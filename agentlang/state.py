@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from types import MappingProxyType
 from typing import Any
 
 from agentlang.ir import (AgentLoop, Call, Concat, Expr, Fork, Join, RoleBegin, RoleEnd,
-                          VarScopeBegin, VarScopeEnd, as_expr, check_name, leaves,
-                          written_name)
+                          VarScopeBegin, VarScopeEnd, as_expr, check_name, handler,
+                          leaves, written_name)
 
 JOIN_MODES = ("gather_variable", "concate_and_append")
 
@@ -73,9 +72,9 @@ class ProgramState:
             raise ValueError(f"{type(leaf).__name__.lower()} writes variable '{name}' inside "
                              f"var_scope('{name}'), which will overwrite it when the scope "
                              f"ends; use another name")
-        check = self.CHECKS.get(type(leaf))
+        check = handler(self, "_check_", leaf, optional=True)   # the passes' one dispatch
         if check is not None:
-            check(self, leaf)
+            check(leaf)
 
     def _check_role_begin(self, leaf: RoleBegin) -> None:
         if self._open_role is not None:
@@ -89,12 +88,12 @@ class ProgramState:
                              f"{self._open_role!r}")
         self._open_role = None
 
-    def _check_scope_begin(self, leaf: VarScopeBegin) -> None:
+    def _check_var_scope_begin(self, leaf: VarScopeBegin) -> None:
         if leaf.name in self._open_scopes:
             raise ValueError(f"var_scope('{leaf.name}') is already open")
         self._open_scopes.append(leaf.name)
 
-    def _check_scope_end(self, leaf: VarScopeEnd) -> None:
+    def _check_var_scope_end(self, leaf: VarScopeEnd) -> None:
         if leaf.name not in self._open_scopes:
             raise ValueError(f"var_scope('{leaf.name}') ends but was never opened")
         self._open_scopes.remove(leaf.name)
@@ -103,13 +102,6 @@ class ProgramState:
         if self._open_role is not None:
             raise ValueError(f"agent_loop opens its own roles; end role '{self._open_role}' "
                              f"before it")
-
-    # node type → the check that also tracks open roles and scopes; other nodes: no check
-    CHECKS = MappingProxyType({
-        RoleBegin: _check_role_begin, RoleEnd: _check_role_end,
-        VarScopeBegin: _check_scope_begin, VarScopeEnd: _check_scope_end,
-        AgentLoop: _check_agent_loop,
-    })
 
     # -- roles and scopes ----------------------------------------------------------------
     def _role(self, role: str, expr: Any) -> Any:

@@ -12,14 +12,14 @@ shared prefixes) without running user code past that point.
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any
 
 from agentlang.api import program_body
 from agentlang.chat_template import ChatTemplate
 from agentlang.graph import Edge, Graph, Node, short
 from agentlang.ir import (AgentLoop, Argument, Expr, Gen, Join, RoleBegin, RoleEnd, Select, Text,
-                          ToolCall, TraceError, Variable, VarScopeBegin, VarScopeEnd, leaves)
+                          ToolCall, TraceError, Variable, VarScopeBegin, VarScopeEnd, handler,
+                          leaves)
 from agentlang.state import ProgramState
 
 _FILL = (Text, Argument, Variable)   # consecutive fills make one text node
@@ -125,61 +125,54 @@ class TraceStream:
             label += "{" + leaf.name + "}"
             self.text_ += "{" + leaf.name + "}"
             reads.append(("arg:" + leaf.name) if isinstance(leaf, Argument) else leaf.name)
-        self._add("text", short(label), reads, expr=tuple(fills))
+        self._add(Text.kind, short(label), reads, expr=tuple(fills))
 
     def _leaf(self, leaf: Expr) -> None:
-        trace = self.TRACES.get(type(leaf))
-        if trace is None:
-            raise TraceError(f"cannot trace {type(leaf).__name__}")
-        trace(self, leaf)
+        try:
+            trace = handler(self, "trace_", leaf)
+        except TypeError as e:
+            raise TraceError(str(e)) from None
+        trace(leaf)
 
-    def _generating(self, kind: str, label: str, leaf: Expr, placeholder: str) -> None:
+    def _generating(self, label: str, leaf: Expr, placeholder: str) -> None:
         self._mark_prefix(constant_only=False)
-        self._add(kind, label, writes=leaf.name, expr=leaf)
+        self._add(leaf.kind, label, writes=leaf.name, expr=leaf)
         self.text_ += "{" + placeholder + "}"
 
     def trace_gen(self, leaf: Gen) -> None:
-        self._generating("gen", f"gen {leaf.name or ''}".rstrip(), leaf, leaf.name or "gen")
+        self._generating(f"gen {leaf.name or ''}".rstrip(), leaf, leaf.name or "gen")
 
     def trace_select(self, leaf: Select) -> None:
-        self._generating("select", f"select {leaf.name or ''}: {'|'.join(leaf.choices)}", leaf,
+        self._generating(f"select {leaf.name or ''}: {'|'.join(leaf.choices)}", leaf,
                          leaf.name or "select")
 
     def trace_tool_call(self, leaf: ToolCall) -> None:
         names = "|".join(t.name for t in leaf.tools)
-        self._generating("tool_call", f"tool_call {names}", leaf, "tool_call")
+        self._generating(f"tool_call {names}", leaf, "tool_call")
 
     def trace_agent_loop(self, leaf: AgentLoop) -> None:
         names = ", ".join(t.name for t in leaf.tools)
-        self._generating("agent_loop", f"agent_loop [{names}] → {leaf.name}", leaf, "agent_loop")
+        self._generating(f"agent_loop [{names}] → {leaf.name}", leaf, "agent_loop")
 
     def trace_role_begin(self, leaf: RoleBegin) -> None:
         text, messages = self.b.template.open_role(leaf.role,
                                                    not self.messages_ and self.role is None)
         self.messages_.extend(messages)
-        self._add("role_begin", f"<{leaf.role}>", expr=leaf)
+        self._add(leaf.kind, f"<{leaf.role}>", expr=leaf)
         self.text_ += text
         self.role, self.role_begin = leaf.role, len(self.text_)
 
     def trace_role_end(self, leaf: RoleEnd) -> None:
-        self._add("role_end", f"</{leaf.role}>", expr=leaf)
+        self._add(leaf.kind, f"</{leaf.role}>", expr=leaf)
         self.messages_.append({"role": leaf.role, "content": self.text_[self.role_begin:]})
         self.text_ += self.b.template.close_role(leaf.role)
         self.role = None
 
     def trace_var_scope_begin(self, leaf: VarScopeBegin) -> None:
-        self._add("var_scope_begin", f"var_scope {leaf.name} ▶", expr=leaf)
+        self._add(leaf.kind, f"var_scope {leaf.name} ▶", expr=leaf)
 
     def trace_var_scope_end(self, leaf: VarScopeEnd) -> None:
-        self._add("var_scope_end", f"◀ var_scope {leaf.name}", writes=leaf.name, expr=leaf)
-
-    TRACES = MappingProxyType({
-        Gen: trace_gen, Select: trace_select,
-        ToolCall: trace_tool_call, AgentLoop: trace_agent_loop,
-        RoleBegin: trace_role_begin, RoleEnd: trace_role_end,
-        VarScopeBegin: trace_var_scope_begin,
-        VarScopeEnd: trace_var_scope_end,
-    })
+        self._add(leaf.kind, f"◀ var_scope {leaf.name}", writes=leaf.name, expr=leaf)
 
     # -- stream protocol -----------------------------------------------------------------
     def fork_streams(self, size: int) -> tuple[list[TraceStream], int]:
