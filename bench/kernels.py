@@ -229,7 +229,7 @@ def main() -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before kernels (and its @triton.jit) is imported
     elif not torch.cuda.is_available():
         print("bench/kernels.py needs a CUDA GPU and torch sees none; nothing was measured. "
-              "The kernels' CPU checks are `pytest tests/paged_kernels` (Triton interpreter); "
+              "The kernels' CPU checks are `pytest tests/kernels` (Triton interpreter); "
               "`python bench/kernels.py --smoke` runs this script on CPU with tiny sizes.",
               file=sys.stderr)
         return 2

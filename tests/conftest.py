@@ -97,3 +97,11 @@ def tiny_llama_dir(tmp_path_factory):
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
     )
+
+
+@pytest.fixture(scope="session")
+def tokenizer_fields():
+    """The GGUF metadata of a tiny byte-level BPE tokenizer (tests.support.gguf_files)."""
+    from tests.support.gguf_files import gguf_tokenizer_fields
+
+    return gguf_tokenizer_fields()

@@ -234,7 +234,7 @@ def test_the_import_rule_fails_on_a_planted_upward_import():
 
 
 # Test modules whose subject is a benchmark script itself (what they import is under test).
-TESTS_OF_BENCH_SCRIPTS = {"tests/paged_kernels/test_kernel_compile.py",   # bench/kernel_compile.py
+TESTS_OF_BENCH_SCRIPTS = {"tests/kernels/test_kernel_compile.py",   # bench/kernel_compile.py
                           "tests/test_gpu_script_dry_run.py"}              # bench/gpu_run.sh & co
 
 
@@ -277,3 +277,29 @@ def test_no_module_imports_another_packages_private_module():
                         and any(p.startswith("_") and not p.startswith("__") for p in parts):
                     bad.append((module, name))
     assert not bad, bad
+
+
+# Test modules that check the repository as a whole stay at the top of tests/.
+REPO_WIDE_TESTS = {"test_structure.py", "test_packaging.py", "test_readme.py", "test_examples.py",
+                   "test_gpu_script_dry_run.py"}
+# tests/ folders that hold no test of their own subject.
+TEST_HELPER_FOLDERS = {"support", "data"}
+
+
+def test_tests_mirror_the_tree():
+    """A test lives in ``tests/<folder>/`` named after the folder it tests: one of runtime/'s
+    folders (server/ included), ``kernels`` or ``frontend`` (the rest of ``agentlang/``)."""
+    allowed = {lay.rsplit(".", 1)[1] for lay in LAYERS} | {"frontend"}
+    misplaced = []
+    for f in sorted((ROOT / "tests").rglob("test_*.py")):
+        parts = f.relative_to(ROOT / "tests").parts
+        if len(parts) == 1:
+            ok = parts[0] in REPO_WIDE_TESTS
+        else:
+            ok = parts[0] in allowed and parts[0] not in TEST_HELPER_FOLDERS
+        if not ok:
+            misplaced.append("/".join(parts))
+    assert not misplaced, (f"put each test under tests/<folder it tests>/ (one of "
+                           f"{sorted(allowed)}): {misplaced}")
+    have = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir()} - TEST_HELPER_FOLDERS
+    assert have <= allowed | {"__pycache__"}, have - allowed

@@ -4,7 +4,7 @@
 page allocator and radix cache, and a runner (``run(items, between_layers) -> logits`` with
 ``tokens_run`` / ``forward_passes`` counters). :class:`~agentlang.runtime.engine.engine.Engine`
 wraps it with its lock, inbox and API, over the real :class:`ModelRunner`; the model-free tests
-(``tests/step_harness.py``) build the same class over a fake runner, so they test this step,
+(``tests/support/step_harness.py``) build the same class over a fake runner, so they test this step,
 not a copy. Its :meth:`metrics` and :meth:`snapshot` read only its own parts; callers hold
 the step lock (never mid-step).
 """

@@ -6,7 +6,7 @@ every subschema and raises ``ValueError`` naming the keyword, its location and t
 Keywords that only *permit* more (``additionalProperties``: the backends never generate extra
 properties) and annotations are always fine; unknown keywords are annotations in JSON Schema.
 The support sets were established by compiling each keyword alone and checking that it changes
-the grammar and is enforced (tests/test_grammar_backends.py: ENFORCED, REFUSED_EVERYWHERE).
+the grammar and is enforced (tests/grammar/test_grammar_backends.py: ENFORCED, REFUSED_EVERYWHERE).
 """
 
 from __future__ import annotations

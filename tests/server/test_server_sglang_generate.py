@@ -15,7 +15,7 @@ import pytest
 from server_harness import metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_source  # noqa: E402
+from tests.support import sglang_source  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

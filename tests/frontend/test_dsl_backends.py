@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 import agentlang as al
-import sglang_source
+from tests.support import sglang_source
 from agentlang.backends.base import Prompt, UnsupportedFeatureError
 from agentlang.chat_template import derive_chat_template
 from agentlang.sampling import make_options, run_defaults

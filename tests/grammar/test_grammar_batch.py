@@ -221,7 +221,7 @@ def test_concurrent_compiles_on_both_backends(tokenizer):
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "grammar_schemas", Path(__file__).parent / "data" / "schemas.py")
+        "grammar_schemas", Path(__file__).parents[1] / "data" / "schemas.py")
     schemas = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(schemas)
     for name in ("xgrammar", "outlines"):

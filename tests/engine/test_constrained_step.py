@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from step_harness import EOS, VOCAB, StepHarness
+from tests.support.step_harness import EOS, VOCAB, StepHarness
 
 from data.schemas import SCHEMAS
 from agentlang.runtime.engine.constrained_step import ConstrainedStep, StepJob, verify_draft
@@ -30,7 +30,7 @@ from agentlang.runtime.grammar.vocab import TokenVocab
 from agentlang.runtime.request.request import Request, RequestGroup
 from agentlang.runtime.sampling.params import SamplingParams
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 V = 49152
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from graph_decoding import Decoder, run_schedule, tiny_model
+from tests.support.graph_decoding import Decoder, run_schedule, tiny_model
 from agentlang.runtime.attention.triton_backend import TritonAttentionBackend
 from agentlang.runtime.execution.cuda_graph import RerunCapture, StaticDecodeBatch
 

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from graph_decoding import (PAGE, PROMPTS, SCHEDULE, Decoder, FailingCapture,
+from tests.support.graph_decoding import (PAGE, PROMPTS, SCHEDULE, Decoder, FailingCapture,
                             run_schedule, tiny_model)
 from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
 from agentlang.runtime.execution.cuda_graph import (BUCKETS, DecodeGraphs, RerunCapture, StaticDecodeBatch,

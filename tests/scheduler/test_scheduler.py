@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from agentlang.runtime.core.errors import UNFIT_IN_KV_POOL, ErrorCode
-from step_harness import StepHarness, expected_tokens
+from tests.support.step_harness import StepHarness, expected_tokens
 
 PS = 4
 

@@ -7,7 +7,7 @@ most ``max_lower_priority_tokens`` lower-priority tokens; lower priorities keep 
 
 from __future__ import annotations
 
-from step_harness import StepHarness, expected_tokens
+from tests.support.step_harness import StepHarness, expected_tokens
 
 PS = 4
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from step_harness import StepHarness, expected_tokens
+from tests.support.step_harness import StepHarness, expected_tokens
 
 PS = 4
 

@@ -19,6 +19,6 @@ if "kernels" in sys.modules:  # imported earlier in this process, before the var
 
     if not is_interpreted(_decode_stage1):
         raise RuntimeError(
-            "kernels was imported before tests/paged_kernels/conftest.py set TRITON_INTERPRET=1; "
+            "kernels was imported before tests/kernels/conftest.py set TRITON_INTERPRET=1; "
             "run the kernel tests in their own pytest process"
         )

@@ -204,7 +204,7 @@ def test_engine_int8_pool_namespace_and_description(int8_engine):
 
 @pytest.fixture(scope="module")
 def bench():
-    path = Path(__file__).parent.parent / "bench" / "kv_quant.py"
+    path = Path(__file__).parents[2] / "bench" / "kv_quant.py"
     spec = importlib.util.spec_from_file_location("kv_quant_bench", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def bench():
-    path = Path(__file__).parent.parent / "bench" / "kv_memory.py"
+    path = Path(__file__).parents[2] / "bench" / "kv_memory.py"
     spec = importlib.util.spec_from_file_location("kv_memory_bench", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod     # dataclasses look their module up while the body runs

@@ -17,7 +17,7 @@ from agentlang.runtime.cache.radix_cache import RadixCache
 from agentlang.runtime.server.errors import APIError
 from agentlang.runtime.server.ops.programs import ProgramTracker, parse_tag
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _random_state(seed: int):

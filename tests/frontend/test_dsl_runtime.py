@@ -22,7 +22,7 @@ import agentlang as al
 from data.dsl_tools import multiply, to_fahrenheit
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

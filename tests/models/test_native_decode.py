@@ -12,7 +12,7 @@ from agentlang.runtime.attention.forward_batch import build_forward_batch
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.quant.native import qmatmul_library
-from test_gguf_loading import tokenizer_fields, write_gguf  # noqa: F401  (fixture)
+from tests.support.gguf_files import write_gguf
 
 PS = 4
 PROMPTS = [[5, 17, 99, 3, 42, 8], list(range(60, 100)), [7, 8, 9]]
