@@ -75,10 +75,13 @@ class Server:
 
 
 def launch(name: str, cmd: list[str], port: int, model: str, env: dict | None = None,
-           timeout: float = 900) -> Server:
-    """Start ``cmd`` and wait until ``/v1/models`` answers (``timeout`` s; vLLM compiles)."""
-    log = Path(tempfile.mkstemp(prefix=f"bench-peers-{name}-", suffix=".log")[1])
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+           timeout: float = 900, cwd: Path | None = None) -> Server:
+    """Start ``cmd`` and wait until ``/v1/models`` answers (``timeout`` s; vLLM compiles).
+    A peer runs outside the repository (``cwd`` a temporary folder): from its root, ``import
+    kernels`` (which transformers tries) would find the repository's ``kernels/`` folder."""
+    log = Path(tempfile.mkstemp(prefix=f"bench-peers-{name.split()[0]}-", suffix=".log")[1])
+    proc = subprocess.Popen(cmd, cwd=cwd or tempfile.gettempdir(), stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT,
                             env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
@@ -101,7 +104,7 @@ def start_agentlang(dtype: str, weights: str, args) -> Server:
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
            "--dtype", dtype, "--weights", weights, "--kv-budget-mb", str(args.kv_budget_mb),
            "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning"]
-    return launch(f"agentlang ({dtype}, {weights})", cmd, port, "default")
+    return launch(f"agentlang ({dtype}, {weights})", cmd, port, "default", cwd=ROOT)
 
 
 def start_vllm(hf_dir: Path, args) -> Server:
@@ -109,8 +112,7 @@ def start_vllm(hf_dir: Path, args) -> Server:
     cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir),
            "--served-model-name", "default", "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "bfloat16", "--enable-prefix-caching", "--max-num-seqs", "64",
-           "--max-num-batched-tokens", "2048", "--max-model-len", "2048",
-           "--disable-log-requests"]
+           "--max-num-batched-tokens", "2048", "--max-model-len", "2048"]
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
            "VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib)}
     return launch("vLLM CPU", cmd, port, "default", env)
