@@ -4,6 +4,12 @@ random-weight Llama directory (2 layers, the embedded tokenizer)."""
 from __future__ import annotations
 
 import functools
+import os
+
+# The Triton kernels run on CPU only under the interpreter, which triton picks when a
+# ``@triton.jit`` function is defined: set before any test module imports ``agentlang.kernels``
+# (tests/kernels/ is collected after other folders that import it). Only triton reads it.
+os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
 import torch
