@@ -6,17 +6,24 @@ and by :func:`agentlang.runtime.attention.cascade.attend_lse`.
 
 Why native: at batch 1 a decode step of a small model is a few dozen matmuls whose torch
 kernels (int4 / int8 weight-only, bf16 activations) each cost tens of µs; a loop over the GGUF
-blocks with AVX-512 VNNI integer dot products (what llama.cpp does) runs the same shapes
-several times faster and keeps each block's own scale (Q8_0 included).
+blocks with integer dot products (what llama.cpp does) runs the same shapes several times
+faster and keeps each block's own scale (Q8_0 included).
+
+Two builds (:data:`ISAS`), the same entry points, the same weight layout and the same
+arithmetic contract (activations quantized to 16 bits a block, exact integer block sums, a
+row's output independent of the batch and the threads): ``avx512/`` (AVX-512 VNNI: four
+``vpdpbusd`` a group of 4 blocks) and ``avx2/`` (AVX2 + FMA + F16C: two ``vpmaddwd`` a block),
+with ``decode_layer.c`` and ``vecmath.h`` shared. The results of the two differ only in the
+order of float32 sums (16 lanes against 8).
 
 Availability (:func:`qmatmul_library` returns None and says why, once, in the log): the CPU
-must report ``avx512f avx512bw avx512vl avx512dq avx512_vnni f16c``, a C compiler (``$CC``,
-else ``cc``/``gcc``) must build the source, and ``AGENTLANG_NATIVE`` must not be ``0``.
-Without it the loader keeps torch's kernels (``agentlang.runtime.quant.quant_linear``) and attention torch's
-softmax. The build takes
-~1 s, at model load (never on a request), and is reused across processes: the cache key is
-the source, the flags and the compiler's version (``$XDG_CACHE_HOME/agentlang/native`` or
-``~/.cache/agentlang/native``).
+must report one build's :attr:`Isa.cpu_flags` (the first that fits is taken), a C compiler
+(``$CC``, else ``cc``/``gcc``) must build the source, and ``AGENTLANG_NATIVE`` must not be
+``0``; ``AGENTLANG_NATIVE=avx2`` (or ``avx512``) asks for that build (an AVX-512 machine can run
+the AVX2 one). Without it the loader keeps torch's kernels (``agentlang.runtime.quant.quant_linear``)
+and attention torch's softmax. The build takes ~1 s, at model load (never on a request), and
+is reused across processes: the cache key is the source, the flags and the compiler's version
+(``$XDG_CACHE_HOME/agentlang/native`` or ``~/.cache/agentlang/native``).
 """
 
 from __future__ import annotations
@@ -29,16 +36,39 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in (
-    "qmatmul.h", "vecmath.h", "qmatmul.c", "decode_layer.c", "dequant.c", "softmax.c"))
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c")
-CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
-          "-mf16c", "-fopenmp", "-fPIC", "-shared")
+HERE = Path(__file__).parent
+SHARED = ("qmatmul.h", "vecmath.h", "decode_layer.c")     # in this folder, used by every build
+OWN = ("qmatmul.c", "dequant.c", "softmax.c")             # in each build's folder
+COMMON_CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")
 KIND_Q4, KIND_Q8 = 4, 8
+
+
+@dataclass(frozen=True)
+class Isa:
+    """One build of the library: its folder (``name``) of :data:`OWN` sources, the CPU flags
+    (``/proc/cpuinfo``) it needs and the compiler flags that enable them."""
+
+    name: str
+    cpu_flags: tuple[str, ...]
+    cflags: tuple[str, ...]
+
+    def sources(self) -> tuple[Path, ...]:
+        return (*(HERE / n for n in SHARED), *(HERE / self.name / n for n in OWN))
+
+    def missing(self, flags: frozenset[str]) -> list[str]:
+        return [f for f in self.cpu_flags if f not in flags]
+
+
+ISAS = (   # best first
+    Isa("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c"),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c")),
+    Isa("avx2", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
+)
 
 _log = logging.getLogger(__name__)
 
@@ -69,8 +99,8 @@ class QMatmulLibrary:
     ``agl_dequant_bf16`` and :meth:`softmax_lse_` ``agl_softmax_lse`` on torch tensors; ``lib``
     is the ctypes handle for the other entry points (``agentlang.runtime.models.decode_layer``)."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, isa: Isa):
+        self.path, self.isa = path, isa
         self.lib = ctypes.CDLL(str(path))
         self._fn = self.lib.agl_qmatmul
         self._fn.restype = ctypes.c_int
@@ -120,10 +150,10 @@ class QMatmulLibrary:
 @functools.cache
 def qmatmul_library() -> QMatmulLibrary | None:
     """The library, built if needed, or None where it cannot run here (reason logged)."""
-    reason = unavailable_reason()
-    if reason is None:
+    isa, reason = chosen_isa()
+    if isa is not None:
         try:
-            return QMatmulLibrary(_build())
+            return build_library(isa)
         except subprocess.CalledProcessError as e:
             reason = f"build failed: {e.stderr.strip()[-400:]}"
         except OSError as e:
@@ -132,19 +162,40 @@ def qmatmul_library() -> QMatmulLibrary | None:
     return None
 
 
+def build_library(isa: Isa) -> QMatmulLibrary:
+    """``isa``'s build, compiled if needed (the caller checks that the CPU runs it)."""
+    return QMatmulLibrary(_build(isa), isa)
+
+
 def unavailable_reason() -> str | None:
     """Why the native kernels cannot run here (None if they can, given a successful build)."""
-    if os.environ.get("AGENTLANG_NATIVE", "1") == "0":
-        return "AGENTLANG_NATIVE=0"
+    return chosen_isa()[1]
+
+
+def runnable_isas() -> tuple[Isa, ...]:
+    """The builds this CPU can run, best first (whatever ``AGENTLANG_NATIVE`` says)."""
+    flags = cpu_flags()
+    return tuple(i for i in ISAS if flags and not i.missing(flags))
+
+
+def chosen_isa() -> tuple[Isa | None, str | None]:
+    """The build to use here and None, or None and why there is none."""
+    wanted = os.environ.get("AGENTLANG_NATIVE", "1")
+    if wanted == "0":
+        return None, "AGENTLANG_NATIVE=0"
+    names = [i.name for i in ISAS]
+    if wanted not in ("1", *names):
+        return None, f"AGENTLANG_NATIVE must be 0, 1 or one of {', '.join(names)}, got {wanted!r}"
     flags = cpu_flags()
     if not flags:
-        return "no /proc/cpuinfo"
-    missing = [f for f in CPU_FLAGS if f not in flags]
-    if missing:
-        return "the CPU lacks " + " ".join(missing)
-    if _compiler() is None:
-        return "no C compiler (set CC)"
-    return None
+        return None, "no /proc/cpuinfo"
+    candidates = [i for i in ISAS if wanted in ("1", i.name)]
+    for isa in candidates:
+        if not isa.missing(flags):
+            if _compiler() is None:
+                return None, "no C compiler (set CC)"
+            return isa, None
+    return None, "the CPU lacks " + "; or ".join(" ".join(i.missing(flags)) for i in candidates)
 
 
 @functools.cache
@@ -166,11 +217,13 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def _build() -> Path:
+def _build(isa: Isa) -> Path:
     cc = _compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    texts = [p.read_text() for p in SOURCES]
-    key = hashlib.sha256("\0".join([*texts, *CFLAGS, version]).encode()).hexdigest()[:16]
+    sources = isa.sources()
+    cflags = (*COMMON_CFLAGS, *isa.cflags, f"-I{HERE}")
+    texts = [p.read_text() for p in sources]
+    key = hashlib.sha256("\0".join([isa.name, *texts, *cflags[:-1], version]).encode()).hexdigest()[:16]
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     out = base / "agentlang" / "native" / key / "libqmatmul.so"
     if not out.exists():
@@ -178,7 +231,7 @@ def _build() -> Path:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
         try:
-            subprocess.run([cc, *CFLAGS, "-o", tmp, *(str(p) for p in SOURCES if p.suffix == ".c"),
+            subprocess.run([cc, *cflags, "-o", tmp, *(str(p) for p in sources if p.suffix == ".c"),
                             "-lm"], check=True, capture_output=True, text=True)
             os.replace(tmp, out)          # atomic: concurrent builders leave one whole file
         finally:

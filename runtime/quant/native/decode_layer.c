@@ -11,7 +11,6 @@
  * head). Sums run in a fixed order: a sequence's result does not depend on the others in the
  * step or on the thread count.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,28 +38,6 @@ typedef struct {
     const int32_t *seq_lens;                /* [B] tokens after this step */
 } agl_batch;
 
-static float dot(const float *a, const float *b, int64_t n)
-{
-    __m512 acc = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    float r = _mm512_reduce_add_ps(acc);
-    for (; i < n; i++)
-        r += a[i] * b[i];
-    return r;
-}
-
-static void axpy(float *y, float a, const float *x, int64_t n)    /* y += a x */
-{
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(_mm512_set1_ps(a), _mm512_loadu_ps(x + i),
-                                                _mm512_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] += a * x[i];
-}
-
 static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float eps, float *out)
 {
     for (int64_t b = 0; b < B; b++) {
@@ -69,19 +46,6 @@ static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float 
         for (int64_t i = 0; i < n; i++)
             out[b * n + i] = w[i] * (r[i] * inv);
     }
-}
-
-/* out[i] = silu(g[i]) * u[i] = g / (1 + e^-g) * u, n values (out may be g) */
-static void silu_mul(const float *g, const float *u, int64_t n, float *out)
-{
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 gv = _mm512_loadu_ps(g + i);
-        __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(gv, den), _mm512_loadu_ps(u + i)));
-    }
-    for (; i < n; i++)
-        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 static void rope(float *h, int64_t heads, int64_t hd, const float *cos, const float *ssin)
