@@ -58,7 +58,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "as the batch is full)")
     p.add_argument("--weights", choices=("auto", "dense"), default=None,
                    help="dense (default): decoded to --dtype; auto: a GGUF's Q4_0/Q4_1/Q8_0 "
-                        "tensors stay quantized (native AVX-512 VNNI kernels over the file's "
+                        "tensors stay quantized (native AVX-512 VNNI or AVX2 kernels over the file's "
                         "blocks where the CPU has them, else torch's int4/int8 kernels)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health")
