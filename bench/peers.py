@@ -277,6 +277,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kv-budget-mb", type=float, default=1024)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="agentlang's compute dtype (vLLM runs bf16; llama-server the GGUF)")
     ap.add_argument("--vllm-kv-gib", type=float, default=4)
     ap.add_argument("--quick", action="store_true",
                     help="16 requests / clients, 8 JSON requests, 64 new tokens, 1 round")
@@ -300,7 +302,7 @@ def main() -> None:
         from agentlang.runtime import Engine
         Engine("default", weights="dense").shutdown()
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    starts = [lambda: start_agentlang("bfloat16", "auto", args)]
+    starts = [lambda: start_agentlang(args.dtype, "auto", args)]
     if "vllm" in args.peers:
         starts.append(lambda: start_vllm(hf_dir, args))
     if "llama" in args.peers:
@@ -313,7 +315,7 @@ def main() -> None:
                          f"({platform.processor() or 'cpu'}), one server at a time",
               "model": "SmolLM2-135M-Instruct (Q4_1 GGUF; vLLM: the same decoded, bf16)",
               "command": "python bench/peers.py " + " ".join(sys.argv[1:]),
-              "settings": {"agentlang": "bf16, weights auto, max_running 64, 2048 batched "
+              "settings": {"agentlang": f"{args.dtype}, weights auto, max_running 64, 2048 batched "
                                         f"tokens, KV {args.kv_budget_mb:.0f} MB",
                            "vllm": "bf16, prefix caching, 64 seqs, 2048 batched tokens, "
                                    f"OMP bind 0-1, 0 reserved cores, KV {args.vllm_kv_gib} GiB",

@@ -111,3 +111,20 @@ def tokenizer_fields():
     from tests.support.gguf_files import gguf_tokenizer_fields
 
     return gguf_tokenizer_fields()
+
+
+def _native_builds() -> list[str]:
+    from agentlang.runtime.quant.native import runnable_isas
+
+    return [i.name for i in runnable_isas()] or ["none"]
+
+
+@pytest.fixture(scope="session", params=_native_builds())
+def native_lib(request):
+    """Each build of the native library this CPU runs (avx512 and avx2 on an AVX-512 machine,
+    avx2 alone on an AVX2 one), skipped where none does: the torch kernels are used there."""
+    from agentlang.runtime.quant.native import ISAS, build_library, unavailable_reason
+
+    if request.param == "none":
+        pytest.skip(f"no native build runs on this CPU ({unavailable_reason()})")
+    return build_library(next(i for i in ISAS if i.name == request.param))

@@ -52,8 +52,12 @@ def test_the_wheel_carries_every_module_and_the_dashboard_files(wheel_record):
             assert f"{installed}/{rel}" in have, f"{folder}/{rel} is not in the wheel"
     for f in (ROOT / "runtime" / "server" / "static").iterdir():
         assert f"agentlang/runtime/server/static/{f.name}" in have, f.name
-    for f in (ROOT / "runtime" / "quant" / "native").glob("*.[ch]"):
-        assert f"agentlang/runtime/quant/native/{f.name}" in have, f.name
+    native = ROOT / "runtime" / "quant" / "native"
+    sources = list(native.rglob("*.[ch]"))
+    assert {f.parent.name for f in sources} == {"native", "avx512", "avx2"}
+    for f in sources:
+        rel = f.relative_to(native).as_posix()
+        assert f"agentlang/runtime/quant/native/{rel}" in have, rel
 
 
 def test_the_package_names_resolve_to_the_repository_folders():

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 import time
@@ -116,6 +117,10 @@ def serve_main(args: argparse.Namespace) -> int:
         return 2
     print(f"loaded {engine.model_name} in {time.perf_counter() - t0:.1f} s", flush=True)
     app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name)
+    # what is loaded lives as long as the process: out of the collector's sight, a full
+    # collection no longer walks the model, the tokenizer and the app (~4% of decode here)
+    gc.collect()
+    gc.freeze()
     url = f"http://{args.host}:{args.port}"
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=3, lifespan="on")

@@ -91,12 +91,8 @@ def test_decode_cascade_matches_the_reference(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,L", [(3, 1), (5, 37), (70, 1024)])
-def test_native_softmax_with_lse_against_float64(dtype, rows, L):
-    from agentlang.runtime.quant.native import qmatmul_library
-
-    lib = qmatmul_library()
-    if lib is None:
-        pytest.skip("native kernels unavailable here: attend_lse keeps torch's ops")
+def test_native_softmax_with_lse_against_float64(native_lib, dtype, rows, L):
+    lib = native_lib
     g = torch.Generator().manual_seed(rows * L)
     s = (torch.randn(rows, L, generator=g) * 4).to(dtype)
     if L > 1:

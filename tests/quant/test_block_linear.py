@@ -1,6 +1,7 @@
 """The native matmul over GGUF blocks (``runtime/quant/native``, ``runtime/quant/block_linear.py``) against
 float64 references: the file's blocks decoded exactly, activations quantized per 32 values as
-the kernel documents. Row invariance is bitwise: alone, batched, and with 1 or 2 threads."""
+the kernel documents. Row invariance is bitwise: alone, batched, and with 1 or 2 threads. Each
+test runs on every build of the library the CPU runs (``native_lib``: AVX-512 and AVX2)."""
 
 import numpy as np
 import pytest
@@ -8,20 +9,15 @@ import torch
 
 from agentlang.runtime.quant.block_linear import BlockLinear
 from agentlang.runtime.weights.gguf_weights import block_linear
-from agentlang.runtime.quant.native import KIND_Q4, KIND_Q8, qmatmul_library, unavailable_reason
+from agentlang.runtime.quant.native import KIND_Q4, KIND_Q8
 from agentlang.runtime.quant.quant_linear import QuantEmbedding
 
 gguf = pytest.importorskip("gguf")
 
 
-@pytest.fixture(scope="module")
-def lib():
-    reason = unavailable_reason()
-    if reason is not None and "CPU lacks" in reason:
-        pytest.skip(reason)                      # another CPU: the torch kernels are used
-    lib = qmatmul_library()
-    assert lib is not None, f"native matmul should build on this CPU: {reason}"
-    return lib
+@pytest.fixture
+def lib(native_lib):
+    return native_lib
 
 
 def gguf_rows(w: np.ndarray, qtype: str) -> np.ndarray:
