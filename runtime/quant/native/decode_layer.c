@@ -1,5 +1,5 @@
 /* One decoder layer of a decode step (one new token per sequence), whole, for a Llama-family
- * model whose linears are quantized blocks (qmatmul.c) and whose KV pool is float32:
+ * model whose linears are quantized blocks (the build's qmatmul.c) and whose KV pool is float32:
  *
  *   x += o_proj(attention(rope(qkv_proj(rmsnorm(x)))))      (K/V of the new token stored first)
  *   x += down_proj(silu(gate) * up),  [gate, up] = gate_up_proj(rmsnorm(x))
@@ -8,8 +8,8 @@
  * float32, in one call instead of ~45 small torch ops: RMSNorm x * rsqrt(mean(x^2) + eps) * w;
  * RoPE x * cos + roll(x, D/2) * signed_sin (the caller's tables); softmax attention of each
  * query head over its sequence's K/V read through the page table (GQA: G query heads a KV
- * head). Sums run in a fixed order: a sequence's result does not depend on the others in the
- * step or on the thread count.
+ * head; the softmax is the build's agl_softmax_lse). Sums run in a fixed order: a sequence's
+ * result does not depend on the others in the step or on the thread count.
  */
 #include <math.h>
 #include <stdint.h>
@@ -66,26 +66,18 @@ static int attend(const agl_dims *dm, const agl_layer *L, const agl_batch *bt, i
 {
     const int64_t hd = dm->hd, G = dm->nh / dm->nkv, n = bt->seq_lens[b], row = dm->nkv * hd;
     const int32_t *pages = bt->page_table + b * bt->max_pages;
-    float *s = malloc(sizeof(float) * (size_t)(G * n));
+    float *s = malloc(sizeof(float) * (size_t)(G * n + G));      /* scores, then G lse */
     if (!s)
         return -1;
     for (int64_t t = 0; t < n; t++) {
         const float *k = L->k_cache + (pages[t / bt->page_size] * bt->page_size
                                        + t % bt->page_size) * row + kvh * hd;
         for (int64_t g = 0; g < G; g++)
-            s[g * n + t] = dot(q + g * hd, k, hd) * dm->scale;
+            s[g * n + t] = dot(q + g * hd, k, hd);
     }
-    for (int64_t g = 0; g < G; g++) {
-        float *sg = s + g * n, mx = -INFINITY, sum = 0.0f;
-        for (int64_t t = 0; t < n; t++)
-            mx = sg[t] > mx ? sg[t] : mx;
-        for (int64_t t = 0; t < n; t++)
-            sum += (sg[t] = expf(sg[t] - mx));
-        for (int64_t t = 0; t < n; t++)
-            sg[t] /= sum;
-        for (int64_t i = 0; i < hd; i++)
-            out[g * hd + i] = 0.0f;
-    }
+    agl_softmax_lse(s, 0, G, n, dm->scale, s + G * n, 1);     /* p = softmax(scale * s), in place */
+    for (int64_t i = 0; i < G * hd; i++)
+        out[i] = 0.0f;
     for (int64_t t = 0; t < n; t++) {
         const float *v = L->v_cache + (pages[t / bt->page_size] * bt->page_size
                                        + t % bt->page_size) * row + kvh * hd;
