@@ -9,25 +9,6 @@
 
 #if defined(__AVX512F__)
 
-/* e^x, 16 lanes, within 3e-7 relative for |x| <= 88 (larger |x| is clamped there): x = n ln2 + r,
- * |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial, scaled by 2^n */
-static inline __m512 exp16(__m512 x)
-{
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);      /* ln2, high bits */
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);           /* and the rest */
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* float32 x 16 -> bfloat16 x 16, to nearest even */
 static inline __m256i to_bf16(__m512 v)
 {
@@ -43,65 +24,37 @@ static inline __m512 from_bf16(__m256i h)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-static inline float dot(const float *a, const float *b, int64_t n)
+/* the row helpers' vocabulary (below): 16 lanes */
+typedef __m512 vf;
+#define VL 16
+#define vf_load _mm512_loadu_ps
+#define vf_store _mm512_storeu_ps
+#define vf_set1 _mm512_set1_ps
+#define vf_zero _mm512_setzero_ps
+#define vf_add _mm512_add_ps
+#define vf_sub _mm512_sub_ps
+#define vf_mul _mm512_mul_ps
+#define vf_div _mm512_div_ps
+#define vf_fmadd _mm512_fmadd_ps
+#define vf_fnmadd _mm512_fnmadd_ps
+#define vf_min _mm512_min_ps
+#define vf_max _mm512_max_ps
+#define vf_sum _mm512_reduce_add_ps
+#define exp16 vf_exp
+
+static inline vf vf_round(vf x)            /* to the nearest integer, ties to even */
 {
-    __m512 acc = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    float r = _mm512_reduce_add_ps(acc);
-    for (; i < n; i++)
-        r += a[i] * b[i];
-    return r;
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-static inline void axpy(float *y, float a, const float *x, int64_t n)    /* y += a x */
+static inline vf vf_scale2(vf p, vf n)     /* p 2^n, n integral */
 {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(_mm512_set1_ps(a), _mm512_loadu_ps(x + i),
-                                                _mm512_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] += a * x[i];
-}
-
-/* out[i] = silu(g[i]) * u[i] = g / (1 + e^-g) * u, n values (out may be g) */
-static inline void silu_mul(const float *g, const float *u, int64_t n, float *out)
-{
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 gv = _mm512_loadu_ps(g + i);
-        __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(gv, den), _mm512_loadu_ps(u + i)));
-    }
-    for (; i < n; i++)
-        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    return _mm512_scalef_ps(p, n);
 }
 
 #else
 
 /* The same for AVX2 (8 lanes; the avx2/ build). */
-
-/* e^x, 8 lanes: exp16's method; 2^n built in the exponent field, so e^x under 2^-126
- * (x < -87.3) gives 0 instead of a subnormal */
-static inline __m256 exp8(__m256 x)
-{
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-    e = _mm256_max_epi32(e, _mm256_setzero_si256());                /* n = -127: 0 */
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
-}
 
 /* float32 x 8 -> bfloat16 x 8, to nearest even */
 static inline __m128i to_bf16_8(__m256 v)
@@ -126,13 +79,67 @@ static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(t) + _mm_cvtss_f32(_mm_movehdup_ps(t));
 }
 
+/* the row helpers' vocabulary (below): 8 lanes */
+typedef __m256 vf;
+#define VL 8
+#define vf_load _mm256_loadu_ps
+#define vf_store _mm256_storeu_ps
+#define vf_set1 _mm256_set1_ps
+#define vf_zero _mm256_setzero_ps
+#define vf_add _mm256_add_ps
+#define vf_sub _mm256_sub_ps
+#define vf_mul _mm256_mul_ps
+#define vf_div _mm256_div_ps
+#define vf_fmadd _mm256_fmadd_ps
+#define vf_fnmadd _mm256_fnmadd_ps
+#define vf_min _mm256_min_ps
+#define vf_max _mm256_max_ps
+#define vf_sum hsum8
+#define exp8 vf_exp
+
+static inline vf vf_round(vf x)
+{
+    return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* p 2^n for integral n in [-127, 127], 2^n built in the exponent field: 2^-127 (a subnormal)
+ * gives 0, so e^x under 2^-126 (x < -87.3) is 0 here */
+static inline vf vf_scale2(vf p, vf n)
+{
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    e = _mm256_max_epi32(e, _mm256_setzero_si256());
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+}
+
+#endif
+
+/* e^x in VL lanes (exp16 / exp8), within 3e-7 relative for |x| <= 88 (larger |x| is clamped
+ * there): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial, scaled by 2^n */
+static inline vf vf_exp(vf x)
+{
+    x = vf_min(vf_max(x, vf_set1(-88.0f)), vf_set1(88.0f));
+    vf n = vf_round(vf_mul(x, vf_set1(1.44269504f)));
+    vf r = vf_fnmadd(n, vf_set1(0.693145752f), x);      /* ln2, high bits */
+    r = vf_fnmadd(n, vf_set1(1.42860677e-6f), r);       /* and the rest */
+    vf p = vf_set1(1.0f / 720);
+    p = vf_fmadd(p, r, vf_set1(1.0f / 120));
+    p = vf_fmadd(p, r, vf_set1(1.0f / 24));
+    p = vf_fmadd(p, r, vf_set1(1.0f / 6));
+    p = vf_fmadd(p, r, vf_set1(0.5f));
+    p = vf_fmadd(p, r, vf_set1(1.0f));
+    p = vf_fmadd(p, r, vf_set1(1.0f));
+    return vf_scale2(p, n);
+}
+
+/* Row helpers of decode_layer.c, in the build's VL lanes. */
+
 static inline float dot(const float *a, const float *b, int64_t n)
 {
-    __m256 acc = _mm256_setzero_ps();
+    vf acc = vf_zero();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float r = hsum8(acc);
+    for (; i + VL <= n; i += VL)
+        acc = vf_fmadd(vf_load(a + i), vf_load(b + i), acc);
+    float r = vf_sum(acc);
     for (; i < n; i++)
         r += a[i] * b[i];
     return r;
@@ -141,9 +148,8 @@ static inline float dot(const float *a, const float *b, int64_t n)
 static inline void axpy(float *y, float a, const float *x, int64_t n)    /* y += a x */
 {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_set1_ps(a), _mm256_loadu_ps(x + i),
-                                                _mm256_loadu_ps(y + i)));
+    for (; i + VL <= n; i += VL)
+        vf_store(y + i, vf_fmadd(vf_set1(a), vf_load(x + i), vf_load(y + i)));
     for (; i < n; i++)
         y[i] += a * x[i];
 }
@@ -152,14 +158,13 @@ static inline void axpy(float *y, float a, const float *x, int64_t n)    /* y +=
 static inline void silu_mul(const float *g, const float *u, int64_t n, float *out)
 {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 gv = _mm256_loadu_ps(g + i);
-        __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+    for (; i + VL <= n; i += VL) {
+        vf gv = vf_load(g + i);
+        vf den = vf_add(vf_set1(1.0f), vf_exp(vf_sub(vf_zero(), gv)));
+        vf_store(out + i, vf_mul(vf_div(gv, den), vf_load(u + i)));
     }
     for (; i < n; i++)
         out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-#endif
 #endif
