@@ -111,7 +111,7 @@ def start_vllm(hf_dir: Path, args) -> Server:
     port = free_port()
     cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir),
            "--served-model-name", "default", "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "bfloat16", "--enable-prefix-caching", "--max-num-seqs", "64",
+           "--dtype", args.vllm_dtype, "--enable-prefix-caching", "--max-num-seqs", "64",
            "--max-num-batched-tokens", "2048", "--max-model-len", "2048"]
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
            "VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib)}
@@ -248,7 +248,7 @@ def _line(name: str, what: str, r: dict) -> None:
 def ratios(res: dict) -> dict:
     """agentlang / peer for every workload both sides ran (speed: higher is better)."""
     out = {}
-    al = res.get("agentlang (bfloat16, auto)", {})
+    al = next((v for k, v in res.items() if k.startswith("agentlang")), {})
     for peer in ("vLLM CPU", "llama-server"):
         p = res.get(peer, {})
         for w in ("shared", "independent"):
@@ -278,7 +278,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kv-budget-mb", type=float, default=1024)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                    help="agentlang's compute dtype (vLLM runs bf16; llama-server the GGUF)")
+                    help="agentlang's compute dtype (llama-server runs the GGUF)")
+    ap.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="vLLM's dtype (the issue's setting: bf16; float32 where the CPU has no "
+                         "bf16 instructions)")
     ap.add_argument("--vllm-kv-gib", type=float, default=4)
     ap.add_argument("--quick", action="store_true",
                     help="16 requests / clients, 8 JSON requests, 64 new tokens, 1 round")
@@ -317,7 +320,7 @@ def main() -> None:
               "command": "python bench/peers.py " + " ".join(sys.argv[1:]),
               "settings": {"agentlang": f"{args.dtype}, weights auto, max_running 64, 2048 batched "
                                         f"tokens, KV {args.kv_budget_mb:.0f} MB",
-                           "vllm": "bf16, prefix caching, 64 seqs, 2048 batched tokens, "
+                           "vllm": f"{args.vllm_dtype}, prefix caching, 64 seqs, 2048 batched tokens, "
                                    f"OMP bind 0-1, 0 reserved cores, KV {args.vllm_kv_gib} GiB",
                            "llama-server": "-np 1 -t 2 -tb 2 -c 4096"},
               "workloads": {"requests": args.requests, "clients": args.clients,
