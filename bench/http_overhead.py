@@ -1,0 +1,81 @@
+"""What the HTTP front end costs one request: ``agentlang serve`` against the same engine
+in-process, stepped on the caller's thread (issue 29: "HTTP / in-process >= 0.9 at batch 1").
+
+The server (``bench.peers.start_agentlang``: weights auto, the chosen dtype) and an in-process
+``Engine`` with the same settings live side by side; each round sends one non-streamed
+``/v1/completions`` request of ``--new-tokens`` greedy ``ignore_eos`` tokens to the server, then
+runs the same prompt through ``Engine.generate``, each timed end to end by the caller (tokens /
+wall). Only one of them works at a time: the idle one sleeps. Medians over ``--rounds``.
+
+    .venv/bin/python bench/http_overhead.py [--dtype float32] [--rounds 5] [--new-tokens 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.output import write_results  # noqa: E402
+from bench.peers import start_agentlang  # noqa: E402
+from bench.serve import stop_server  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--out", help="JSON output (default bench/results/http_overhead.json)")
+    args = ap.parse_args()
+    from agentlang.runtime import Engine, SamplingParams
+
+    server = start_agentlang(args.dtype, "auto", SimpleNamespace(kv_budget_mb=1024))
+    eng = Engine("default", dtype=args.dtype, weights="auto", kv_budget_mb=1024,
+                 max_batch_tokens=2048, max_running=64)
+    prompt = eng.tokenizer.encode("Once upon a time")
+    params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
+    body = {"model": server.model, "prompt": prompt, "max_tokens": args.new_tokens,
+            "temperature": 0, "ignore_eos": True}
+    res: dict[str, list[float]] = {"http": [], "in_process": []}
+    try:
+        with httpx.Client(base_url=server.url, timeout=3600) as c:
+            c.post("/v1/completions", json={**body, "max_tokens": 4}).raise_for_status()
+            eng.generate(prompt, SamplingParams(max_tokens=4, temperature=0))      # warm-ups
+            for r in range(args.rounds):
+                t = time.perf_counter()
+                reply = c.post("/v1/completions", json=body)
+                reply.raise_for_status()
+                res["http"].append(reply.json()["usage"]["completion_tokens"]
+                                   / (time.perf_counter() - t))
+                t = time.perf_counter()
+                out = eng.generate(prompt, params)
+                res["in_process"].append(len(out.token_ids) / (time.perf_counter() - t))
+                print(f"  round {r + 1}: HTTP {res['http'][-1]:.1f} tok/s, in-process "
+                      f"{res['in_process'][-1]:.1f} tok/s", flush=True)
+    finally:
+        stop_server(server.proc)
+        eng.shutdown()
+    med = {k: statistics.median(v) for k, v in res.items()}
+    result = {"machine": f"{os.cpu_count()}-core {platform.machine()}",
+              "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, weights auto)",
+              "command": "python bench/http_overhead.py " + " ".join(sys.argv[1:]),
+              "dtype": args.dtype, "new_tokens": args.new_tokens, "rounds": res,
+              "median_tok_s": med, "http_over_in_process": med["http"] / med["in_process"]}
+    out = write_results("http_overhead", result, args.out, False)
+    print(f"  HTTP / in-process (caller thread): {result['http_over_in_process']:.2f}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
