@@ -60,6 +60,71 @@ static void rope(float *h, int64_t heads, int64_t hd, const float *cos, const fl
     }
 }
 
+/* Row t of this layer's cache (K or V) for KV head kvh of the sequence's pages */
+static inline const float *cached(const float *cache, const agl_batch *bt, const int32_t *pages,
+                                  int64_t t, int64_t row, int64_t kvh, int64_t hd)
+{
+    return cache + (pages[t / bt->page_size] * bt->page_size + t % bt->page_size) * row + kvh * hd;
+}
+
+/* s[t] = q . k_t for the n cached positions: 4 positions at a time (independent sums; each
+ * position gets dot()'s operations), the rest by dot() */
+static void scores(const agl_layer *L, const agl_batch *bt, const int32_t *pages, int64_t n,
+                   int64_t row, int64_t kvh, int64_t hd, const float *q, float *s)
+{
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+        const float *k[4];
+        vf a[4];
+        for (int j = 0; j < 4; j++) {
+            k[j] = cached(L->k_cache, bt, pages, t + j, row, kvh, hd);
+            a[j] = vf_zero();
+        }
+        int64_t i = 0;
+        for (; i + VL <= hd; i += VL) {
+            const vf qv = vf_load(q + i);
+            for (int j = 0; j < 4; j++)
+                a[j] = vf_fmadd(qv, vf_load(k[j] + i), a[j]);
+        }
+        for (int j = 0; j < 4; j++) {
+            float r = vf_sum(a[j]);
+            for (int64_t e = i; e < hd; e++)
+                r += q[e] * k[j][e];
+            s[t + j] = r;
+        }
+    }
+    for (; t < n; t++)
+        s[t] = dot(q, cached(L->k_cache, bt, pages, t, row, kvh, hd), hd);
+}
+
+/* out [hd] = sum_t p[t] v_t: hd in chunks of 4 VL lanes kept in registers over the positions
+ * (then a tail of VL lanes at a time, then scalars) */
+static void weighted_values(const agl_layer *L, const agl_batch *bt, const int32_t *pages,
+                            int64_t n, int64_t row, int64_t kvh, int64_t hd, const float *p,
+                            float *out)
+{
+    int64_t c = 0;
+    for (; c + 4 * VL <= hd; c += 4 * VL) {
+        vf a0 = vf_zero(), a1 = vf_zero(), a2 = vf_zero(), a3 = vf_zero();
+        for (int64_t t = 0; t < n; t++) {
+            const float *v = cached(L->v_cache, bt, pages, t, row, kvh, hd) + c;
+            const vf w = vf_set1(p[t]);
+            a0 = vf_fmadd(w, vf_load(v), a0);
+            a1 = vf_fmadd(w, vf_load(v + VL), a1);
+            a2 = vf_fmadd(w, vf_load(v + 2 * VL), a2);
+            a3 = vf_fmadd(w, vf_load(v + 3 * VL), a3);
+        }
+        vf_store(out + c, a0);
+        vf_store(out + c + VL, a1);
+        vf_store(out + c + 2 * VL, a2);
+        vf_store(out + c + 3 * VL, a3);
+    }
+    for (int64_t i = c; i < hd; i++)
+        out[i] = 0.0f;
+    for (int64_t t = 0; t < n && c < hd; t++)
+        axpy(out + c, p[t], cached(L->v_cache, bt, pages, t, row, kvh, hd) + c, hd - c);
+}
+
 /* out [G, hd] = softmax(q k^T * scale) v for the G query heads q [G, hd] of KV head kvh */
 static int attend(const agl_dims *dm, const agl_layer *L, const agl_batch *bt, int64_t b,
                   int64_t kvh, const float *q, float *out)
@@ -69,21 +134,11 @@ static int attend(const agl_dims *dm, const agl_layer *L, const agl_batch *bt, i
     float *s = malloc(sizeof(float) * (size_t)(G * n + G));      /* scores, then G lse */
     if (!s)
         return -1;
-    for (int64_t t = 0; t < n; t++) {
-        const float *k = L->k_cache + (pages[t / bt->page_size] * bt->page_size
-                                       + t % bt->page_size) * row + kvh * hd;
-        for (int64_t g = 0; g < G; g++)
-            s[g * n + t] = dot(q + g * hd, k, hd);
-    }
+    for (int64_t g = 0; g < G; g++)
+        scores(L, bt, pages, n, row, kvh, hd, q + g * hd, s + g * n);
     agl_softmax_lse(s, 0, G, n, dm->scale, s + G * n, 1);     /* p = softmax(scale * s), in place */
-    for (int64_t i = 0; i < G * hd; i++)
-        out[i] = 0.0f;
-    for (int64_t t = 0; t < n; t++) {
-        const float *v = L->v_cache + (pages[t / bt->page_size] * bt->page_size
-                                       + t % bt->page_size) * row + kvh * hd;
-        for (int64_t g = 0; g < G; g++)
-            axpy(out + g * hd, s[g * n + t], v, hd);
-    }
+    for (int64_t g = 0; g < G; g++)
+        weighted_values(L, bt, pages, n, row, kvh, hd, s + g * n, out + g * hd);
     free(s);
     return 0;
 }
