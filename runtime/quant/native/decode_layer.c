@@ -60,24 +60,27 @@ static void rope(float *h, int64_t heads, int64_t hd, const float *cos, const fl
     }
 }
 
-/* Row t of this layer's cache (K or V) for KV head kvh of the sequence's pages */
-static inline const float *cached(const float *cache, const agl_batch *bt, const int32_t *pages,
-                                  int64_t t, int64_t row, int64_t kvh, int64_t hd)
+/* at[t] = where position t's row starts in this layer's cache (K or V), in floats, for the n
+ * positions of a sequence's pages (walked page by page: no division a position) */
+static void row_offsets(const agl_batch *bt, const int32_t *pages, int64_t n, int64_t row,
+                        int64_t *at)
 {
-    return cache + (pages[t / bt->page_size] * bt->page_size + t % bt->page_size) * row + kvh * hd;
+    for (int64_t t = 0, pg = 0; t < n; pg++)
+        for (int64_t o = 0; o < bt->page_size && t < n; o++, t++)
+            at[t] = ((int64_t)pages[pg] * bt->page_size + o) * row;
 }
 
 /* s[t] = q . k_t for the n cached positions: 4 positions at a time (independent sums; each
  * position gets dot()'s operations), the rest by dot() */
-static void scores(const agl_layer *L, const agl_batch *bt, const int32_t *pages, int64_t n,
-                   int64_t row, int64_t kvh, int64_t hd, const float *q, float *s)
+static void scores(const float *kc, const int64_t *at, int64_t n, int64_t hd, const float *q,
+                   float *s)
 {
     int64_t t = 0;
     for (; t + 4 <= n; t += 4) {
         const float *k[4];
         vf a[4];
         for (int j = 0; j < 4; j++) {
-            k[j] = cached(L->k_cache, bt, pages, t + j, row, kvh, hd);
+            k[j] = kc + at[t + j];
             a[j] = vf_zero();
         }
         int64_t i = 0;
@@ -94,20 +97,19 @@ static void scores(const agl_layer *L, const agl_batch *bt, const int32_t *pages
         }
     }
     for (; t < n; t++)
-        s[t] = dot(q, cached(L->k_cache, bt, pages, t, row, kvh, hd), hd);
+        s[t] = dot(q, kc + at[t], hd);
 }
 
 /* out [hd] = sum_t p[t] v_t: hd in chunks of 4 VL lanes kept in registers over the positions
  * (then a tail of VL lanes at a time, then scalars) */
-static void weighted_values(const agl_layer *L, const agl_batch *bt, const int32_t *pages,
-                            int64_t n, int64_t row, int64_t kvh, int64_t hd, const float *p,
-                            float *out)
+static void weighted_values(const float *vc, const int64_t *at, int64_t n, int64_t hd,
+                            const float *p, float *out)
 {
     int64_t c = 0;
     for (; c + 4 * VL <= hd; c += 4 * VL) {
         vf a0 = vf_zero(), a1 = vf_zero(), a2 = vf_zero(), a3 = vf_zero();
         for (int64_t t = 0; t < n; t++) {
-            const float *v = cached(L->v_cache, bt, pages, t, row, kvh, hd) + c;
+            const float *v = vc + at[t] + c;
             const vf w = vf_set1(p[t]);
             a0 = vf_fmadd(w, vf_load(v), a0);
             a1 = vf_fmadd(w, vf_load(v + VL), a1);
@@ -122,24 +124,29 @@ static void weighted_values(const agl_layer *L, const agl_batch *bt, const int32
     for (int64_t i = c; i < hd; i++)
         out[i] = 0.0f;
     for (int64_t t = 0; t < n && c < hd; t++)
-        axpy(out + c, p[t], cached(L->v_cache, bt, pages, t, row, kvh, hd) + c, hd - c);
+        axpy(out + c, p[t], vc + at[t] + c, hd - c);
 }
 
-/* out [G, hd] = softmax(q k^T * scale) v for the G query heads q [G, hd] of KV head kvh */
+/* out [hd] = softmax(q k^T * scale) v for query head h (q [hd]) of sequence b, over its KV head
+ * h / G (GQA: G query heads a KV head) */
 static int attend(const agl_dims *dm, const agl_layer *L, const agl_batch *bt, int64_t b,
-                  int64_t kvh, const float *q, float *out)
+                  int64_t h, const float *q, float *out)
 {
-    const int64_t hd = dm->hd, G = dm->nh / dm->nkv, n = bt->seq_lens[b], row = dm->nkv * hd;
-    const int32_t *pages = bt->page_table + b * bt->max_pages;
-    float *s = malloc(sizeof(float) * (size_t)(G * n + G));      /* scores, then G lse */
-    if (!s)
+    const int64_t hd = dm->hd, kvh = h / (dm->nh / dm->nkv), n = bt->seq_lens[b],
+                  row = dm->nkv * hd;
+    float *s = malloc(sizeof(float) * (size_t)(n + 1));          /* scores, then the lse */
+    int64_t *at = malloc(sizeof(int64_t) * (size_t)n);
+    if (!s || !at) {
+        free(s);
+        free(at);
         return -1;
-    for (int64_t g = 0; g < G; g++)
-        scores(L, bt, pages, n, row, kvh, hd, q + g * hd, s + g * n);
-    agl_softmax_lse(s, 0, G, n, dm->scale, s + G * n, 1);     /* p = softmax(scale * s), in place */
-    for (int64_t g = 0; g < G; g++)
-        weighted_values(L, bt, pages, n, row, kvh, hd, s + g * n, out + g * hd);
+    }
+    row_offsets(bt, bt->page_table + b * bt->max_pages, n, row, at);
+    scores(L->k_cache + kvh * hd, at, n, hd, q, s);
+    agl_softmax_lse(s, 0, 1, n, dm->scale, s + n, 1);      /* p = softmax(scale * s), in place */
+    weighted_values(L->v_cache + kvh * hd, at, n, hd, s, out);
     free(s);
+    free(at);
     return 0;
 }
 
@@ -168,9 +175,9 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
         }
     }
     #pragma omp parallel for num_threads(nthreads) schedule(static) reduction(|:fail)
-    for (int64_t j = 0; j < B * dm->nkv; j++) {
-        const int64_t b = j / dm->nkv, kvh = j % dm->nkv, G = dm->nh / dm->nkv;
-        fail |= attend(dm, L, bt, b, kvh, qkv + b * wq + kvh * G * hd, att + b * nq + kvh * G * hd);
+    for (int64_t j = 0; j < B * dm->nh; j++) {           /* a task a query head: balanced */
+        const int64_t b = j / dm->nh, h = j % dm->nh;
+        fail |= attend(dm, L, bt, b, h, qkv + b * wq + h * hd, att + b * nq + h * hd);
     }
     if (fail || agl_qmm(&L->o, att, B, x, 1, nthreads))
         goto done;
