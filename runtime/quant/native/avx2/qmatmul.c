@@ -13,9 +13,10 @@
  * int32 (|sum| < 32 * 128 * 32767 < 2^27; for Q4 below 2^24, so exact in float32 too). Its 8
  * int32 lanes are scaled in float32 by the two blocks' steps and accumulated per lane over the
  * row's blocks, the 8 lanes then summed in a fixed order (vecmath.h's hsum8); Q4's minimum term
- * sum_b mn_b * d_x,b * sum(q_x,b) is a scalar fused multiply-add chain over the blocks. Every output gets the same operations
- * whatever tile computes it, so a row's output depends on that row only, never on how many rows
- * a call has or on the threads (OpenMP splits the output columns).
+ * sum_b mn_b * d_x,b * sum(q_x,b) is a scalar fused multiply-add chain over the blocks.
+ * Every output gets the same operations whatever tile computes it, so a row's output depends
+ * on that row only, never on how many rows a call has or on the threads (OpenMP splits the
+ * output columns).
  */
 #include <immintrin.h>
 #include <math.h>
