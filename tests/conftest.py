@@ -113,18 +113,18 @@ def tokenizer_fields():
     return gguf_tokenizer_fields()
 
 
-def _native_builds() -> list[str]:
+def _native_builds() -> list:
     from agentlang.runtime.quant.native import runnable_isas
 
-    return [i.name for i in runnable_isas()] or ["none"]
+    return list(runnable_isas()) or [None]
 
 
-@pytest.fixture(scope="session", params=_native_builds())
+@pytest.fixture(scope="session", params=_native_builds(), ids=lambda i: i.name if i else "none")
 def native_lib(request):
     """Each build of the native library this CPU runs (avx512 and avx2 on an AVX-512 machine,
     avx2 alone on an AVX2 one), skipped where none does: the torch kernels are used there."""
-    from agentlang.runtime.quant.native import ISAS, build_library, unavailable_reason
+    from agentlang.runtime.quant.native import build_library, unavailable_reason
 
-    if request.param == "none":
+    if request.param is None:
         pytest.skip(f"no native build runs on this CPU ({unavailable_reason()})")
-    return build_library(next(i for i in ISAS if i.name == request.param))
+    return build_library(request.param)

@@ -221,9 +221,9 @@ def _build(isa: Isa) -> Path:
     cc = _compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     sources = isa.sources()
-    cflags = (*COMMON_CFLAGS, *isa.cflags, f"-I{HERE}")
+    cflags = (*COMMON_CFLAGS, *isa.cflags)       # the key; the include path is not (install-specific)
     texts = [p.read_text() for p in sources]
-    key = hashlib.sha256("\0".join([isa.name, *texts, *cflags[:-1], version]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([isa.name, *texts, *cflags, version]).encode()).hexdigest()[:16]
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     out = base / "agentlang" / "native" / key / "libqmatmul.so"
     if not out.exists():
@@ -231,7 +231,8 @@ def _build(isa: Isa) -> Path:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
         try:
-            subprocess.run([cc, *cflags, "-o", tmp, *(str(p) for p in sources if p.suffix == ".c"),
+            subprocess.run([cc, *cflags, f"-I{HERE}", "-o", tmp,
+                            *(str(p) for p in sources if p.suffix == ".c"),
                             "-lm"], check=True, capture_output=True, text=True)
             os.replace(tmp, out)          # atomic: concurrent builders leave one whole file
         finally:

@@ -40,7 +40,7 @@ typedef __m512 vf;
 #define vf_min _mm512_min_ps
 #define vf_max _mm512_max_ps
 #define vf_sum _mm512_reduce_add_ps
-#define exp16 vf_exp
+#define exp16 vf_exp   /* avx512/softmax.c's name for it */
 
 static inline vf vf_round(vf x)            /* to the nearest integer, ties to even */
 {
@@ -95,7 +95,6 @@ typedef __m256 vf;
 #define vf_min _mm256_min_ps
 #define vf_max _mm256_max_ps
 #define vf_sum hsum8
-#define exp8 vf_exp
 
 static inline vf vf_round(vf x)
 {
@@ -113,7 +112,7 @@ static inline vf vf_scale2(vf p, vf n)
 
 #endif
 
-/* e^x in VL lanes (exp16 / exp8), within 3e-7 relative for |x| <= 88 (larger |x| is clamped
+/* e^x in VL lanes, within 3e-7 relative for |x| <= 88 (larger |x| is clamped
  * there): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial, scaled by 2^n */
 static inline vf vf_exp(vf x)
 {

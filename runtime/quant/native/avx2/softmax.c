@@ -53,7 +53,7 @@ static inline void store8(void *s, int bf16, int64_t i, int n, __m256 v)
 static inline __m256 shifted_exp(__m256 x, __m256 vm, __m256 vs)
 {
     const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-    return _mm256_and_ps(live, exp8(_mm256_mul_ps(_mm256_sub_ps(x, vm), vs)));
+    return _mm256_and_ps(live, vf_exp(_mm256_mul_ps(_mm256_sub_ps(x, vm), vs)));
 }
 
 static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
