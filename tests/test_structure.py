@@ -19,7 +19,7 @@ MAX_LINES = 330
 # Triton kernels) sits between attention, which launches them, and cache, whose KV format they
 # read. The frontend (the rest of ``agentlang``) is above all of them: nothing here imports it.
 LAYERS = ("agentlang.runtime.server", "agentlang.runtime.engine", "agentlang.runtime.execution",
-          "agentlang.runtime.scheduler", "agentlang.runtime.request",
+          "agentlang.runtime.scheduler", "agentlang.runtime.request", "agentlang.runtime.speculative",
           "agentlang.runtime.sampling", "agentlang.runtime.grammar", "agentlang.runtime.models",
           "agentlang.runtime.attention", "agentlang.kernels", "agentlang.runtime.cache",
           "agentlang.runtime.weights", "agentlang.runtime.quant", "agentlang.runtime.core")

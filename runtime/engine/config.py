@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from agentlang.runtime.cache.kv_quant import check_kv_dtype_support
+from agentlang.runtime.speculative.policy import (DEFAULT_MAX_DRAFT, ROW_COST, check_max_draft,
+                                                  check_row_cost)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,6 +38,11 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     seed: int = 0
     cuda_graph: bool | None = None        # decode from CUDA graphs; None: on for CUDA + triton
+    # model-free speculative decoding (agentlang.runtime.speculative): the default of requests
+    # that do not set ``speculative``; draft cap; a verify row's cost relative to a step
+    speculative: bool = False
+    speculative_max_draft: int = DEFAULT_MAX_DRAFT
+    speculative_row_cost: float = ROW_COST
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:
@@ -64,6 +71,10 @@ class EngineConfig:
             raise ValueError(f"num_pages must be an integer >= 2, got {self.num_pages!r}")
         if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
             raise ValueError(f"cuda_graph must be True, False or None (auto), got {self.cuda_graph!r}")
+        if not isinstance(self.speculative, bool):
+            raise ValueError(f"speculative must be True or False, got {self.speculative!r}")
+        check_max_draft(self.speculative_max_draft, "speculative_max_draft")
+        check_row_cost(self.speculative_row_cost, "speculative_row_cost")
         if self.grammar_backend not in ("xgrammar", "outlines"):
             raise ValueError(
                 f"grammar_backend must be 'xgrammar' or 'outlines', got {self.grammar_backend!r}"

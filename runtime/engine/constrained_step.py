@@ -1,5 +1,5 @@
-"""One constrained-sampling step: mask → sample → accept → verify the jump-forward draft →
-budget-aware completion. The output processor's one door from logits to tokens.
+"""One constrained-sampling step: mask → sample → accept → verify the draft → budget-aware
+completion → the next draft. The output processor's one door from logits to tokens.
 
 :meth:`ConstrainedStep.run` takes the completions that sample this step (:class:`StepJob`) and
 the step's logits, and returns per completion the tokens to append (:class:`Sampled`):
@@ -12,12 +12,16 @@ the step's logits, and returns per completion the tokens to append (:class:`Samp
    (:mod:`agentlang.runtime.grammar.budget`): the token is kept, or replaced by the next token of a
    verified shortest completion when the tokens left would otherwise not reach a valid output
    (a replaced token's logprob is recomputed for the replacement).
-3. **Verify the draft** (exact jump-forward): a completion that ran a draft
-   (``req.draft``, see :mod:`agentlang.runtime.grammar.jump_forward`) has ``1 + len(draft)`` rows; while
-   the settled token equals the draft token, the next row is masked, sampled, accepted and
-   settled the same way, so every token is drawn from the distribution sequential decoding would
-   use and outputs do not depend on jump-forward.
-4. **Draft** the next step: the grammar's forced text as tokens, when jump-forward is on.
+3. **Verify the draft** (exact, one owner for jump-forward and speculation): a completion that
+   ran a draft (``req.draft``) has ``1 + len(draft)`` rows; while the settled token equals the
+   draft token, the next row is masked (if constrained), sampled with the completion's own
+   generator, accepted and settled the same way, with its own logprobs, so every token is drawn
+   from the distribution sequential decoding would use and outputs do not depend on drafts.
+4. **Draft** the next step: the grammar's forced text as tokens when jump-forward is on
+   (:mod:`agentlang.runtime.grammar.jump_forward`), else, with speculation on, a copy from the
+   completion's own context of the length :class:`~agentlang.runtime.speculative.DraftPolicy`
+   picks for this step's batch (:mod:`agentlang.runtime.speculative`). A context draft may
+   break the grammar: its first token the mask forbids is simply not sampled, ending the draft.
 
 A constrained row whose mask leaves no token at all is not sampled: its result carries a typed
 error instead (the request fails, the batch goes on). On return each matcher holds exactly the
@@ -38,12 +42,12 @@ from agentlang.runtime.grammar import mask as grammar_mask
 from agentlang.runtime.grammar.jump_forward import draft_tokens
 from agentlang.runtime.sampling.sampler import (RowSpec, TokenLogprob, choose_tokens, model_logprobs,
                              prepare_logits, row_logprobs, top_logprobs)
+from agentlang.runtime.speculative import ContextLookup, DraftPolicy
+from agentlang.runtime.speculative.policy import MAX_DRAFT   # most draft tokens a step verifies
 
 if TYPE_CHECKING:
     from agentlang.runtime.grammar.base import GrammarMatcher
     from agentlang.runtime.request.request import Request
-
-MAX_DRAFT = 32   # most draft tokens verified in one step
 
 
 class StepJob(NamedTuple):
@@ -55,8 +59,10 @@ class StepJob(NamedTuple):
 class Sampled(NamedTuple):
     tokens: list[int]                     # to append in order; the matcher holds them all
     logprobs: list[TokenLogprob | None]   # one per token (None where not asked for)
-    next_draft: list[int]                 # the next step's jump-forward draft ([]: none)
+    next_draft: list[int]                 # the next step's draft ([]: none)
+    draft_kind: str = ""                  # "grammar" (jump-forward) | "lookup" (speculation)
     error: EngineError | None = None      # set (tokens empty) when the mask left no token
+    kept: int = 0                         # leading tokens of the step's draft kept
 
 
 class ConstrainedStep:
@@ -64,10 +70,13 @@ class ConstrainedStep:
     ``min_tokens`` is not reached, ``max_context`` bounds the budget of a forced completion,
     ``tokenizer`` turns forced text into drafts."""
 
-    def __init__(self, tokenizer, eos_ids: set[int], max_context: int):
+    def __init__(self, tokenizer, eos_ids: set[int], max_context: int,
+                 policy: DraftPolicy | None = None, speculative: bool = False):
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.max_context = max_context
+        self.policy = DraftPolicy() if policy is None else policy
+        self.speculative = speculative      # the default of requests that do not say
 
     def run(self, jobs: Sequence[StepJob], logits: torch.Tensor) -> list[Sampled]:
         """``logits [rows, V]`` of the step; returns one :class:`Sampled` per job, in order.
@@ -85,40 +94,55 @@ class ConstrainedStep:
         first[dead] = 0.0                               # not sampled from: see below
         tokens = choose_tokens(first, specs)
         lps = row_logprobs(raw_lp, tokens, specs)
-        return [_no_token(j.req) if i in dead else self._complete(j, tok, lp, logits)
+        return [_no_token(j.req) if i in dead else self._complete(j, tok, lp, logits, len(jobs))
                 for i, (j, tok, lp) in enumerate(zip(jobs, tokens, lps))]
 
     def _complete(self, job: StepJob, token: int, lp: TokenLogprob | None,
-                  logits: torch.Tensor) -> Sampled:
-        """Steps 2-4 for one job whose first row gave ``token``."""
+                  logits: torch.Tensor, batch: int) -> Sampled:
+        """Steps 2-4 for one job whose first row gave ``token``, in a step of ``batch`` jobs."""
         req = job.req
-        if req.matcher is None:
-            return Sampled([token], [lp], [])
+        picked = [token]
+        lps = [lp]
 
         def pick(i: int) -> int | None:
             if i == 0:
                 return token
-            return self._sample_row(req, logits[job.first_row + i], req.draft[:i])
+            tok, row_lp = self._sample_row(req, logits[job.first_row + i], req.draft[:i])
+            picked.append(tok)
+            lps.append(row_lp)
+            return tok
 
-        out = _verify(req.matcher, req.draft, pick, lambda i, tok: self._settle(req, tok, i))
+        settle = None if req.matcher is None else (lambda i, tok: self._settle(req, tok, i))
+        out = _verify(req.matcher, req.draft, pick, settle)
         if out is None:                          # a draft row allowed no token
             return _no_token(req)
-        if out[0] != token and lp is not None:   # the budget guard replaced the sampled token
-            raw = torch.log_softmax(logits[job.first_row].float(), -1)   # [V]
-            lp = top_logprobs(raw, out[0], len(lp.top))
-        lps = [lp] + [None] * (len(out) - 1)      # a draft runs only without logprobs
-        return Sampled(out, lps, self._next_draft(req, len(out)))
+        for i, tok in enumerate(out):            # the budget guard replaced a sampled token
+            if tok != picked[i] and lps[i] is not None:
+                raw = torch.log_softmax(logits[job.first_row + i].float(), -1)   # [V]
+                lps[i] = top_logprobs(raw, tok, len(lps[i].top))
+        kept = _matched(out, req.draft)
+        if req.draft_kind == "lookup":       # before the next draft: its length learns from it
+            req.spec.record(len(req.draft), kept)
+        elif req.shadow is not None:         # the lookup's guess the policy declined
+            req.spec.observe(1, int(out[0] == req.shadow))
+        req.shadow = None
+        return Sampled(out, lps[:len(out)], *self._next_draft(req, out, batch), kept=kept)
 
-    def _sample_row(self, req: Request, row: torch.Tensor, ahead: Sequence[int]) -> int | None:
+    def _sample_row(self, req: Request, row: torch.Tensor, ahead: Sequence[int]
+                    ) -> tuple[int | None, TokenLogprob | None]:
         """A draft row ``[V]``: the token after the output plus ``ahead``, masked by the
-        matcher's current state; ``None`` when the mask allows no token."""
+        matcher's current state (``None`` when the mask allows no token), and its logprob
+        when the request asks for them."""
         spec = self._spec(req, ahead)
         x = row.unsqueeze(0).clone()    # [1, V]; a copy: the row may be an inference tensor
+        raw_lp = model_logprobs(x, [spec])
         prepare_logits(x, [spec])
-        grammar_mask.apply_grammar_masks(x, [req.matcher])
-        if _dead_rows(x, [req.matcher]):
-            return None
-        return choose_tokens(x, [spec])[0]
+        if req.matcher is not None:
+            grammar_mask.apply_grammar_masks(x, [req.matcher])
+            if _dead_rows(x, [req.matcher]):
+                return None, None
+        tok = choose_tokens(x, [spec])[0]
+        return tok, row_logprobs(raw_lp, [tok], [spec])[0]
 
     def _spec(self, req: Request, ahead: Sequence[int]) -> RowSpec:
         """The sampler's view of ``req`` with ``ahead`` more output tokens (a draft prefix)."""
@@ -141,14 +165,36 @@ class ConstrainedStep:
         left = min(req.params.max_tokens - n, self.max_context - len(req.prompt_ids) - n)
         return req.budget.settle(req.matcher, token, left).token
 
-    def _next_draft(self, req: Request, added: int) -> list[int]:
-        """The grammar's forced text as the next step's draft, once ``added`` tokens are
-        appended; only with jump-forward on and no logprobs (a draft row has none)."""
+    def _next_draft(self, req: Request, out: Sequence[int], batch: int) -> tuple[list[int], str]:
+        """The next step's draft once ``out`` is appended, and where it came from: the
+        grammar's forced text (``"grammar"``, with jump-forward on), else, with speculation on,
+        a copy from the request's own context (``"lookup"``) of the length
+        :class:`DraftPolicy` picks for a step of ``batch`` requests; ``([], "")`` for none."""
         p = req.params
-        left = p.max_tokens - len(req.output_ids) - added
-        if not p.jump_forward or p.logprobs is not None or left <= 0:
-            return []
-        return draft_tokens(req.matcher, self.tokenizer, max_tokens=min(MAX_DRAFT, left))
+        n = req.num_tokens + len(out)                       # tokens once out is appended
+        left = min(p.max_tokens - len(req.output_ids) - len(out), self.max_context - n)
+        if left <= 0:
+            return [], ""
+        if req.matcher is not None and p.jump_forward:
+            forced = draft_tokens(req.matcher, self.tokenizer, max_tokens=min(MAX_DRAFT, left))
+            if forced:
+                return forced, "grammar"
+        if not (self.speculative if p.speculative is None else p.speculative) or left < 2:
+            return [], ""
+        if req.lookup is None or len(req.lookup) != n - len(out):
+            req.lookup = ContextLookup(req.all_ids)
+        req.lookup.extend(out)
+        k = self.policy.length(req.spec.acceptance, batch, cap=left - 1)
+        draft, _ = req.lookup.draft(max(k, 1))
+        if k <= 0 and draft:                 # declined: kept as a shadow guess (policy doc)
+            req.shadow, draft = draft[0], []
+        return draft, "lookup" if draft else ""
+
+
+def _matched(tokens: Sequence[int], draft: Sequence[int]) -> int:
+    """How many leading draft tokens ``tokens`` (a verify's result) kept."""
+    return next((i for i, (a, b) in enumerate(zip(tokens, draft)) if a != b),
+                min(len(tokens), len(draft)))
 
 
 def _dead_rows(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> list[int]:
@@ -165,7 +211,7 @@ def _dead_rows(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) 
 def _no_token(req: Request) -> Sampled:
     """The result for a constrained row with no allowed token: nothing sampled, a typed error
     (the request fails; the rest of the batch goes on)."""
-    return Sampled([], [], [], EngineError(
+    return Sampled([], [], [], "", EngineError(
         ErrorCode.INVALID_CONSTRAINT, req.params.constraint_field(),
         "no token can continue the output here: the constraint admits no further text"))
 
@@ -203,21 +249,24 @@ def verify_draft(
     return out
 
 
-def _verify(matcher: GrammarMatcher, draft: Sequence[int], pick: Callable[[int], int | None],
+def _verify(matcher: GrammarMatcher | None, draft: Sequence[int],
+            pick: Callable[[int], int | None],
             settle: Callable[[int, int], int] | None) -> list[int] | None:
-    """Accept ``pick(i)`` (a token sampled from row i under the matcher's mask) for i = 0, 1,
-    ... while the settled token matches ``draft[i]``; see :func:`verify_draft`. ``None`` when
-    ``pick`` finds no allowed token (the matcher keeps the tokens accepted before)."""
+    """Accept ``pick(i)`` (a token sampled from row i, under the matcher's mask if there is a
+    matcher) for i = 0, 1, ... while the settled token matches ``draft[i]``; see
+    :func:`verify_draft`. ``None`` when ``pick`` finds no allowed token (the matcher keeps the
+    tokens accepted before)."""
     out: list[int] = []
     for i in range(len(draft) + 1):
         token = pick(i)
         if token is None:
             return None
-        if not matcher.accept_token(token):
+        if matcher is not None and not matcher.accept_token(token):
             raise ValueError(f"sample returned token {token}, which the grammar mask forbids")
         if settle is not None:
             token = settle(i, token)
         out.append(token)
-        if i == len(draft) or token != draft[i] or matcher.is_terminated():
+        if i == len(draft) or token != draft[i] or (matcher is not None
+                                                    and matcher.is_terminated()):
             break
     return out

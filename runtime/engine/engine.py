@@ -44,6 +44,7 @@ from agentlang.runtime.engine.request_builder import LazyGrammarCache, RequestBu
 from agentlang.runtime.engine.request_tracker import RequestTracker
 from agentlang.runtime.sampling.params import SamplingParams
 from agentlang.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from agentlang.runtime.speculative import DraftPolicy
 
 
 class PrefixHandle:
@@ -99,7 +100,10 @@ class Engine:
         self.agent_stats = AgentStats(cfg.max_agent_labels)   # per-label totals (/metrics)
         self.tracker = RequestTracker(self.agent_stats)
         self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
-                                         self.tokenizer, self.eos_ids, self.max_context)
+                                         self.tokenizer, self.eos_ids, self.max_context,
+                                         DraftPolicy(cfg.speculative_max_draft,
+                                                     cfg.speculative_row_cost),
+                                         cfg.speculative)
         self.step_loop = StepLoop(self.step, self._fail_all)
         self.core = StepCore(self.scheduler, self.processor, self.tracker, self.allocator,
                              self.cache, self.runner, self.step_loop.take_arrivals)

@@ -23,15 +23,17 @@ from agentlang.runtime.engine.request_tracker import RequestTracker
 from agentlang.runtime.engine.constrained_step import ConstrainedStep, Sampled, StepJob
 from agentlang.runtime.scheduler.scheduled import ScheduledItem
 from agentlang.runtime.scheduler.scheduler import Scheduler
+from agentlang.runtime.speculative import DraftPolicy
 
 
 class OutputProcessor:
     def __init__(self, tracker: RequestTracker, scheduler: Scheduler, builder: RequestBuilder,
-                 tokenizer: Any, eos_ids: set[int], max_context: int):
+                 tokenizer: Any, eos_ids: set[int], max_context: int,
+                 policy: DraftPolicy | None = None, speculative: bool = False):
         self.tracker = tracker
         self.scheduler = scheduler
         self.builder = builder
-        self.sampler = ConstrainedStep(tokenizer, eos_ids, max_context)
+        self.sampler = ConstrainedStep(tokenizer, eos_ids, max_context, policy, speculative)
         self.eos_ids = eos_ids
         self.max_context = max_context
 
@@ -115,7 +117,7 @@ class OutputProcessor:
         the step's error. After a draft only the last token and the matched draft prefix keep
         their KV (from ``start``, the position of the token before the draft); appending stops
         at a finish."""
-        drafted, req.draft = len(req.draft), []
+        drafted, kind, req.draft, req.draft_kind = len(req.draft), req.draft_kind, [], ""
         if sampled.error is not None:
             self.finish(req, "abort", error=sampled.error)
             return
@@ -125,11 +127,13 @@ class OutputProcessor:
                 req.page_table.truncate(keep)
                 req.num_computed = keep
             req.passes_saved += len(sampled.tokens) - 1
+            if kind == "lookup":
+                self.tracker.count_speculation(drafted, sampled.kept)
         last = len(sampled.tokens) - 1
         for i, (tok, lp) in enumerate(zip(sampled.tokens, sampled.logprobs)):
             if self._append(req, tok, lp, last=i == last):
                 return
-        req.draft = sampled.next_draft
+        req.draft, req.draft_kind = sampled.next_draft, sampled.draft_kind
 
     def _append(self, req: Request, tok: int, lp, last: bool = True) -> bool:
         """Add one token; returns whether the request finished. Unless ``last``, later tokens

@@ -22,6 +22,9 @@ class RequestCounters:
     prompt_tokens: int = 0        # prompt tokens of every submitted group
     generated_tokens: int = 0     # sampled tokens, all completions
     requests_finished: int = 0    # groups whose every completion finished
+    spec_draft_tokens: int = 0    # speculation: context-lookup draft tokens verified
+    spec_accepted_tokens: int = 0  # of those, kept
+    spec_verify_steps: int = 0    # completion-steps that verified such a draft
 
 
 class RequestTracker:
@@ -70,6 +73,12 @@ class RequestTracker:
     # ---- progress -----------------------------------------------------------------------
     def count_generated(self, n: int = 1) -> None:
         self.counters.generated_tokens += n
+
+    def count_speculation(self, drafted: int, accepted: int) -> None:
+        c = self.counters
+        c.spec_draft_tokens += drafted
+        c.spec_accepted_tokens += accepted
+        c.spec_verify_steps += 1
 
     def retire(self, group: RequestGroup) -> None:
         """A group finished: stop tracking it and count it."""

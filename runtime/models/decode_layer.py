@@ -5,11 +5,16 @@ matmuls, RoPE, the KV store, attention, residuals); each costs a few µs of disp
 the arithmetic. :class:`NativeDecoder` runs a whole layer of a decode step in one C call
 instead, with the same arithmetic in float32 (see the C file).
 
-It serves a step when (:meth:`NativeDecoder.serves`): every sequence appends one token, the
-attention backend is torch's (CPU), the KV pool stores float32 unquantized, and no sequences
-share leading pages (the torch backend reads a shared prefix once for the whole group —
-cascade attention — where this path would read it once per sequence); otherwise the model's
-layers run as usual. It is built by the GGUF loader when every layer's linears are
+It serves a step when (:meth:`NativeDecoder.serves`): every sequence appends at most
+:data:`MAX_ROWS` tokens (a decode, a speculative or jump-forward verify, a short uncached
+tail), the attention backend is torch's (CPU), the KV pool stores float32 unquantized, and no
+sequences share leading pages (the torch backend reads a shared prefix once for the whole
+group — cascade attention — where this path would read it once per sequence); otherwise the
+model's layers run as usual. A sequence appending ``n`` tokens runs as ``n`` rows, row ``j``
+attending to its first ``prefix + j + 1`` positions through the sequence's page table (every
+row's K/V is stored before any row attends): each row gets exactly the arithmetic of a decode
+step at its position, so verifying a draft gives the logits one-token steps would give,
+bitwise. It is built by the GGUF loader when every layer's linears are
 :class:`~agentlang.runtime.quant.block_linear.BlockLinear` and the activations are float32.
 """
 
@@ -19,11 +24,14 @@ import ctypes
 
 import torch
 
-from agentlang.runtime.attention.decode_plan import decode_plan
+from agentlang.runtime.attention.decode_plan import decode_plan, shared_prefix_groups
 from agentlang.runtime.quant.block_linear import BlockLinear
 from agentlang.runtime.attention.forward_batch import ForwardBatch
 from agentlang.runtime.cache.kv_pool import KVPool
 from agentlang.runtime.quant.native import QMatmulLibrary, QWeight
+
+
+MAX_ROWS = 33    # tokens a sequence may append in a natively run step (1 + the longest draft)
 
 
 class Dims(ctypes.Structure):
@@ -79,15 +87,18 @@ class NativeDecoder:
 
     @staticmethod
     def serves(batch: ForwardBatch, pool: KVPool, backend) -> bool:
-        if not (batch.is_decode and getattr(backend, "name", None) == "torch"
-                and pool.scales is None and pool.layout.dtype == torch.float32
-                and pool.device.type == "cpu"):
+        if not (getattr(backend, "name", None) == "torch" and pool.scales is None
+                and pool.layout.dtype == torch.float32 and pool.device.type == "cpu"
+                and max(batch.extend_lens_list) <= MAX_ROWS):
             return False
         if batch.batch_size == 1:
             return True
-        plan = batch.cached("torch.decode", lambda: decode_plan(         # the backend's key
-            batch.page_table, batch.seq_lens_list, pool.page_size))
-        return not plan.groups
+        if batch.is_decode:
+            plan = batch.cached("torch.decode", lambda: decode_plan(     # the backend's key
+                batch.page_table, batch.seq_lens_list, pool.page_size))
+            return not plan.groups
+        return not shared_prefix_groups(batch.page_table, batch.seq_lens_list,
+                                        pool.page_size)[1]
 
     def step(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor]) -> "NativeStep":
         """The per-step arguments (built once, shared by every layer)."""
@@ -106,12 +117,18 @@ class NativeDecoder:
 
 
 class NativeStep:
-    """A decode step's batch as ``agl_batch`` (the tensors are kept alive here)."""
+    """A step's batch as ``agl_batch``, one C row a new token (the tensors are kept alive
+    here): row ``t`` reads its sequence's page table up to its own position."""
 
     def __init__(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor]):
-        cos, ssin = (t.reshape(t.shape[0], -1).float().contiguous() for t in rope)   # [B, hd]
+        cos, ssin = (t.reshape(t.shape[0], -1).float().contiguous() for t in rope)   # [T, hd]
+        table, lens = batch.page_table, batch.seq_lens
+        if not batch.is_decode:
+            seq = torch.repeat_interleave(torch.arange(batch.batch_size),
+                                          torch.tensor(batch.extend_lens_list))    # [T]
+            table, lens = table.index_select(0, seq.to(table.device)), batch.positions + 1
         self.tensors = (cos, ssin, batch.slot_mapping.long().contiguous(),
-                        batch.page_table.int().contiguous(), batch.seq_lens.int().contiguous())
+                        table.int().contiguous(), lens.int().contiguous())
         c, s, slots, table, lens = self.tensors
         self.args = Batch(table.shape[0], c.data_ptr(), s.data_ptr(), slots.data_ptr(),
                           table.data_ptr(), table.shape[1], batch.page_size, lens.data_ptr())

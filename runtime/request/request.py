@@ -25,6 +25,7 @@ from agentlang.runtime.core.errors import EngineError
 from agentlang.runtime.request.outputs import CompletionOutput, RequestOutput, StreamDelta
 from agentlang.runtime.sampling.sampler import TokenLogprob
 from agentlang.runtime.sampling.params import SamplingParams
+from agentlang.runtime.speculative import ContextLookup, DraftStats
 
 if TYPE_CHECKING:
     from agentlang.runtime.grammar.base import CompiledGrammar, GrammarMatcher
@@ -74,6 +75,9 @@ class RequestGroup:
             "ttft_s": None if self.first_token_time is None else self.first_token_time - self.arrival,
             "latency_s": end - self.arrival,
             "forward_passes_saved": sum(c.passes_saved for c in self.children),
+            "spec_verify_ct": sum(c.spec.verifies for c in self.children),
+            "spec_draft_tokens": sum(c.spec.drafted for c in self.children),
+            "spec_accepted_tokens": sum(c.spec.accepted for c in self.children),
             "preemptions": sum(c.preemptions for c in self.children),
             "queue_s": self.queue_s,
         }
@@ -118,7 +122,11 @@ class Request:
     logprobs: list[TokenLogprob] | None = None
     passes_saved: int = 0
     budget: BudgetGuard | None = None      # keeps a constrained output completable in budget
-    draft: list[int] = field(default_factory=list)   # jump-forward tokens to verify next step
+    draft: list[int] = field(default_factory=list)   # tokens to verify next step
+    draft_kind: str = ""                   # where ``draft`` came from: "grammar" | "lookup"
+    lookup: ContextLookup | None = None    # n-gram index of all_ids (speculation), built lazily
+    shadow: int | None = None              # a declined draft's first token (policy's evidence)
+    spec: DraftStats = field(default_factory=DraftStats)   # speculation's counters
     preemptions: int = 0
     sent_tokens: int = 0                   # output tokens already streamed
     sent_logprobs: int = 0

@@ -49,6 +49,8 @@ class SamplingParams:
     tool_calls: list[dict] | None = None  # [{"name", "parameters"}]: text with valid calls
     json_indent: int | None = None    # None = compact JSON
     jump_forward: bool = True
+    speculative: bool | None = None   # drafts from the context (agentlang.runtime.speculative);
+                                      # None: the engine's setting
     # Constrained output: keep a valid completion within max_tokens (agentlang.runtime.grammar.budget);
     # a budget below the shortest valid output is refused at submit.
     complete_within_budget: bool = True
@@ -141,3 +143,5 @@ class SamplingParams:
                      "jump_forward", "complete_within_budget"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be a boolean")
+        if self.speculative is not None and not isinstance(self.speculative, bool):
+            raise bad("speculative", "must be true, false or null (the server's setting)")

@@ -251,7 +251,7 @@ class Scheduler:
             keyed.append((self.policy.admission_key(r, m.length), r, m))
         keyed.sort(key=lambda t: t[0])   # stable: FIFO among equals
         inflight = [it.req for it in items if not it.completes] + \
-                   [r for r in self.running if r.num_uncomputed > 1]
+                   [r for r in self.running if r.num_tokens - r.num_computed > 1]   # drafts aside
         for _, req, m in keyed:
             if budget <= 0 or len(self.running) >= cap:
                 break

@@ -23,7 +23,8 @@ import uvicorn
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ENGINE_FLAGS = ("page_size", "kv_budget_mb", "max_batch_tokens", "max_running",
                 "grammar_backend", "dtype", "kv_dtype", "schedule_low_priority_values_first",
-                "max_wait_steps", "max_lower_priority_tokens", "urgent_slots", "weights")
+                "max_wait_steps", "max_lower_priority_tokens", "urgent_slots", "weights",
+                "speculative", "speculative_max_draft", "speculative_row_cost")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -61,6 +62,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="dense (default): decoded to --dtype; auto: a GGUF's Q4_0/Q4_1/Q8_0 "
                         "tensors stay quantized (native AVX-512 VNNI or AVX2 kernels over the file's "
                         "blocks where the CPU has them, else torch's int4/int8 kernels)")
+    p.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=None,
+                   help="model-free speculative decoding for requests that do not set "
+                        "'speculative': drafts copied from the request's own context, verified "
+                        "in one pass, outputs unchanged (default off)")
+    p.add_argument("--speculative-max-draft", type=int, default=None,
+                   help="most draft tokens a request verifies in one step, 1..32 (default 8)")
+    p.add_argument("--speculative-row-cost", type=float, default=None,
+                   help="what one more row of a step costs relative to a one-row step, in "
+                        "(0, 1]: the draft-length policy's model (default 0.35, measured on 2 "
+                        "AVX2 cores by bench/speculative.py)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--served-model-name", default=None,

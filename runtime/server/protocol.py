@@ -131,6 +131,7 @@ class SamplingFields(_Strict):
     include_stop_str_in_output: bool | None = None
     priority: int | None = None              # as vLLM / SGLang: scheduling priority
     agent: str | None = None                 # agentlang: per-agent accounting label
+    speculative: bool | None = None          # agentlang: drafts from the context (None: server's)
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -68,6 +68,8 @@ def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
     together = lin(x)
     alone = torch.cat([lin(x[i:i + 1]) for i in range(23)])
     assert torch.equal(together, alone)
+    for m in (2, 3, 5, 6, 7):               # every tile shape: 2, 3 and 4 rows, and tails
+        assert torch.equal(lin(x[:m]), alone[:m]), m
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

@@ -18,6 +18,7 @@ from agentlang.runtime.engine.request_tracker import RequestTracker
 from agentlang.runtime.sampling.params import SamplingParams
 from agentlang.runtime.scheduler.scheduled import ScheduledItem
 from agentlang.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from agentlang.runtime.speculative import DraftPolicy
 
 VOCAB = 64
 EOS = VOCAB - 1
@@ -87,7 +88,8 @@ class StepHarness:
                  max_running: int = 16, max_wait_steps: int = 64, min_shared_prefix: int = 32,
                  max_context: int = 4096, low_priority_values_first: bool = False,
                  max_agent_labels: int = 32, max_lower_priority_tokens: int = 8,
-                 urgent_slots: int = 4):
+                 urgent_slots: int = 4, speculative: bool = False,
+                 policy: DraftPolicy | None = None):
         self.allocator = PageAllocator(num_pages)
         self.cache = RadixCache(self.allocator, page_size)
         self.scheduler = Scheduler(
@@ -102,7 +104,7 @@ class StepHarness:
             self.tokenizer, RequestLimits(VOCAB, max_context, num_pages * page_size), ("fake",),
             LazyGrammarCache(_no_grammar), seed=0)
         self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
-                                         self.tokenizer, {EOS}, max_context)
+                                         self.tokenizer, {EOS}, max_context, policy, speculative)
         self.runner = FakeRunner()
         self.arrivals: list[RequestGroup] = []     # submitted while a step is in flight
         self.core = StepCore(self.scheduler, self.processor, self.tracker, self.allocator,

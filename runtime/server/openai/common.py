@@ -28,7 +28,7 @@ def base_fields(req: SamplingFields, max_tokens: int) -> dict[str, Any]:
         "ignore_eos": req.ignore_eos, "min_tokens": req.min_tokens, "cache_salt": req.cache_salt,
         "stop_token_ids": req.stop_token_ids, "skip_special_tokens": req.skip_special_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
-        "priority": req.priority, "agent": req.agent,
+        "priority": req.priority, "agent": req.agent, "speculative": req.speculative,
     }
 
 
@@ -71,14 +71,22 @@ def constraint_fields(req: ChatCompletionRequest | CompletionRequest,
 
 
 def usage(meta: dict) -> dict:
+    """OpenAI's usage object; speculative decoding's drafts, when there were any, as OpenAI
+    reports predicted outputs (``completion_tokens_details``: accepted / rejected)."""
     prompt, completion = meta.get("prompt_tokens", 0), meta.get("completion_tokens", 0)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)}}
+    out = {"prompt_tokens": prompt, "completion_tokens": completion,
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)}}
+    drafted, kept = meta.get("spec_draft_tokens", 0), meta.get("spec_accepted_tokens", 0)
+    if drafted:
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": kept,
+                                            "rejected_prediction_tokens": drafted - kept}
+    return out
 
 
 def sum_usage(metas: list[dict]) -> dict:
-    total = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
+    total = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
+             "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
     for m in metas:
         for k in total:
             total[k] += m.get(k, 0)

@@ -50,6 +50,12 @@ COUNTERS = (
     ("generation_tokens", "generated_tokens", "Tokens generated."),
     ("requests_finished", "requests_finished", "Requests finished by the engine."),
     ("forward_passes", "forward_passes", "Model forward passes."),
+    ("spec_draft_tokens", "spec_draft_tokens",
+     "Speculative decoding: draft tokens from the context verified."),
+    ("spec_accepted_tokens", "spec_accepted_tokens",
+     "Speculative decoding: draft tokens kept (the model sampled them)."),
+    ("spec_verify_steps", "spec_verify_steps",
+     "Speculative decoding: completion-steps that verified a draft."),
 )
 # per-agent series (agentlang.runtime.core.agent_stats totals, label "agent"): name suffix, total key, help
 AGENT_COUNTERS = (

@@ -50,6 +50,9 @@ def meta_info(state: ServerState, with_text: bool, item: Item, out: RequestOutpu
         "cached_tokens": m.get("cached_tokens", 0), "reasoning_tokens": 0,
         "num_retractions": 0, "e2e_latency": m.get("latency_s"),
     }
+    if m.get("spec_verify_ct"):          # as SGLang reports speculative decoding, plus the counts
+        meta.update({k: m[k] for k in ("spec_verify_ct", "spec_draft_tokens",
+                                       "spec_accepted_tokens")})
     if item.return_logprob:
         ids, plp = item.ids, out.prompt_logprobs or [None] * len(item.ids)
         meta["input_token_logprobs"] = [] if item.start < 0 else [

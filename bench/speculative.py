@@ -1,0 +1,236 @@
+"""Model-free speculative decoding (``agentlang.runtime.speculative``) on agent turns, over HTTP.
+
+One ``agentlang serve`` (the embedded model's GGUF kept quantized, float32 activations: the
+default model path) answers every request; speculation is switched per request with the
+``speculative`` field, so on and off run on the same server, interleaved round by round.
+Workloads: ``bench/speculative_prompts.py`` (four copy-heavy turns and a free-form story,
+fixed before any tuning), each rendered with the model's chat template, greedy, ``ignore_eos``,
+``--new-tokens`` (256) each, non-streamed ``/v1/completions`` with the prompt as token ids
+(warm prefix cache: the prompt is run once first, so the rates are decode rates):
+
+- batch 1: one request; batch 8: eight concurrent requests of the workload, each with its
+  own first line (``Request i of 8.``) so that their outputs differ;
+- tok/s on vs off (medians of ``--rounds``), the acceptance rate (accepted / drafted, from the
+  responses' ``usage.completion_tokens_details``), and whether the outputs were identical;
+- llama-server (``.peers/llama.cpp``, ``bench/install_peers.sh``) on the same GGUF at batch 1,
+  ``-np 1 -t 2``, plain decoding, and with its own n-gram lookup speculation where its build
+  has one (said in the results either way).
+
+It also measures what the draft-length policy models: one sequence's native step time at
+``1 + k`` rows (a 512-token context) relative to one row, the ``row_cost`` c of
+``agentlang.runtime.speculative.policy``.
+
+    .venv/bin/python bench/speculative.py [--rounds 5] [--new-tokens 256] [--quick]
+                                          # writes bench/results/speculative.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.output import write_results  # noqa: E402
+from bench.peers import LLAMA_SERVER, launch, start_llama  # noqa: E402
+from bench.serve import stop_server  # noqa: E402
+from bench.speculative_prompts import COPY_HEAVY, WORKLOADS  # noqa: E402
+from tests.support.cluster import free_port  # noqa: E402
+
+BATCHES = (1, 8)
+
+
+# ---- the policy's row cost ----------------------------------------------------------------
+def row_costs(context: int = 512, rows=(1, 2, 3, 5, 9, 17), reps: int = 15) -> dict:
+    """Native step time of one sequence appending ``k`` tokens after ``context`` cached ones,
+    min of ``reps``; ``c(k) = (t(k) / t(1) - 1) / (k - 1)``."""
+    import torch
+
+    from agentlang.runtime import Engine
+    from agentlang.runtime.attention.forward_batch import build_forward_batch
+    from agentlang.runtime.weights.model_loader import resolve_model
+
+    eng = Engine(resolve_model("default", "auto").path, weights="auto", kv_budget_mb=64)
+    ps = eng.pool.page_size
+    pages = eng.allocator.allocate(-(-(context + max(rows)) // ps))
+    times = {}
+    with torch.inference_mode():
+        for k in rows:
+            batch = lambda: build_forward_batch([[1] * k], [context], [pages], ps,   # noqa: E731
+                                                logits_rows=[list(range(k))])
+            best = float("inf")
+            for _ in range(reps):
+                b = batch()
+                t0 = time.perf_counter()
+                eng.model(b, eng.pool, eng.backend)
+                best = min(best, time.perf_counter() - t0)
+            times[k] = best
+    native = eng.model.native_decoder is not None
+    eng.allocator.decref(pages)
+    t1 = times[1]
+    return {"native_decode_layer": native, "context": context,
+            "step_ms": {k: round(t * 1e3, 3) for k, t in times.items()},
+            "row_cost": {k: round((times[k] / t1 - 1) / (k - 1), 4) for k in rows if k > 1}}
+
+
+# ---- the workloads ------------------------------------------------------------------------
+def prompts_of(tok, name: str, batch: int) -> list[list[int]]:
+    msgs = WORKLOADS[name]
+    out = []
+    for i in range(batch):
+        m = [dict(x) for x in msgs]
+        if batch > 1:
+            m[0]["content"] = f"Request {i + 1} of {batch}.\n" + m[0]["content"]
+        text = tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+        out.append(tok.encode(text, add_special_tokens=False))
+    return out
+
+
+async def run_batch(c: httpx.AsyncClient, model: str, prompts, new_tokens: int,
+                    extra: dict) -> dict:
+    async def one(p):
+        body = {"model": model, "prompt": p, "max_tokens": new_tokens, "temperature": 0,
+                "ignore_eos": True, **extra}
+        r = await c.post("/v1/completions", json=body)
+        r.raise_for_status()
+        return r.json()
+
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.perf_counter() - t0
+    tokens = sum(o["usage"]["completion_tokens"] for o in outs)
+    details = [o["usage"].get("completion_tokens_details") or {} for o in outs]
+    kept = sum(d.get("accepted_prediction_tokens", 0) for d in details)
+    drafted = kept + sum(d.get("rejected_prediction_tokens", 0) for d in details)
+    return {"tok_s": tokens / wall, "drafted": drafted, "accepted": kept,
+            "texts": [o["choices"][0]["text"] for o in outs]}
+
+
+def agentlang_side(args, tok) -> dict:
+    port = free_port()
+    cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
+           "--weights", "auto", "--log-level", "warning"]
+    server = launch("agentlang", cmd, port, "default", cwd=ROOT)
+    results: dict = {}
+    try:
+        async def main():
+            async with httpx.AsyncClient(base_url=server.url, timeout=3600) as c:
+                for name in args.workloads:
+                    for batch in BATCHES:
+                        prompts = prompts_of(tok, name, batch)
+                        await run_batch(c, server.model, prompts, 2, {})    # cache the prompts
+                        rounds = {"off": [], "on": []}
+                        last = {}
+                        for _ in range(args.rounds):
+                            for mode in ("off", "on"):
+                                r = await run_batch(c, server.model, prompts, args.new_tokens,
+                                                    {"speculative": mode == "on"})
+                                rounds[mode].append(r)
+                                last[mode] = r
+                        off = statistics.median(r["tok_s"] for r in rounds["off"])
+                        on = statistics.median(r["tok_s"] for r in rounds["on"])
+                        drafted = sum(r["drafted"] for r in rounds["on"])
+                        kept = sum(r["accepted"] for r in rounds["on"])
+                        same = all(a["texts"] == b["texts"] for a, b in zip(rounds["off"],
+                                                                              rounds["on"]))
+                        row = {"off_tok_s": round(off, 2), "on_tok_s": round(on, 2),
+                               "speedup": round(on / off, 3),
+                               "acceptance": round(kept / drafted, 3) if drafted else None,
+                               "accepted_per_request": kept / (args.rounds * batch),
+                               "identical_outputs": same,
+                               "off_rounds": [round(r["tok_s"], 2) for r in rounds["off"]],
+                               "on_rounds": [round(r["tok_s"], 2) for r in rounds["on"]]}
+                        results[f"{name}/batch{batch}"] = row
+                        print(f"  {name:11s} batch {batch}: off {off:6.1f}  on {on:6.1f} tok/s "
+                              f"x{on / off:.2f}  acceptance {row['acceptance']}  "
+                              f"identical {same}", flush=True)
+        asyncio.run(main())
+    finally:
+        stop_server(server.proc)
+    return results
+
+
+def llama_side(args, tok, gguf: Path) -> dict:
+    """llama-server at batch 1 on each workload (its /completion with token ids)."""
+    help_text = subprocess.run([str(LLAMA_SERVER), "--help"], capture_output=True,
+                               text=True).stdout
+    lookup = [f for f in ("--spec-type", "--lookup-ngram-min", "--draft-max") if f in help_text]
+    server = start_llama(gguf, args)
+    out: dict = {"lookup_flags_in_build": lookup,
+                 "note": "plain decoding: this build's speculation needs a draft model"
+                 if "--spec-type" not in help_text else "n-gram speculation available"}
+    try:
+        with httpx.Client(base_url=server.url, timeout=3600) as c:
+            for name in args.workloads:
+                p = prompts_of(tok, name, 1)[0]
+                body = {"prompt": p, "n_predict": args.new_tokens, "temperature": 0,
+                        "ignore_eos": True, "cache_prompt": True}
+                c.post("/completion", json={**body, "n_predict": 2}).raise_for_status()
+                rates = []
+                for _ in range(args.rounds):
+                    t0 = time.perf_counter()
+                    r = c.post("/completion", json=body)
+                    r.raise_for_status()
+                    rates.append(r.json()["tokens_predicted"] / (time.perf_counter() - t0))
+                out[f"{name}/batch1"] = {"tok_s": round(statistics.median(rates), 2),
+                                         "rounds": [round(x, 2) for x in rates]}
+                print(f"  llama-server {name:11s}: {statistics.median(rates):6.1f} tok/s",
+                      flush=True)
+    finally:
+        stop_server(server.proc)
+    return out
+
+
+def geomean(xs):
+    xs = list(xs)
+    return round(statistics.geometric_mean(xs), 3) if xs else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--no-llama", action="store_true", help="skip llama-server")
+    ap.add_argument("--quick", action="store_true", help="2 rounds, 64 tokens (a smoke run)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.new_tokens = 2, 64
+    from transformers import AutoTokenizer
+
+    from agentlang.runtime.weights.model_loader import resolve_model
+    gguf = resolve_model("default", "auto").path
+    tok = AutoTokenizer.from_pretrained(resolve_model("default", "dense").path)
+    print("row cost of the native step ...", flush=True)
+    results = {"machine": platform.processor() or platform.machine(),
+               "cpus": __import__("os").cpu_count(),
+               "settings": {"rounds": args.rounds, "new_tokens": args.new_tokens,
+                            "model": "SmolLM2-135M-Instruct Q4_1 (weights auto, float32)"},
+               "row_cost": row_costs()}
+    print(results["row_cost"], flush=True)
+    print("agentlang serve, speculation off / on ...", flush=True)
+    results["agentlang"] = ag = agentlang_side(args, tok)
+    for batch in BATCHES:
+        results[f"geomean_copy_heavy_batch{batch}"] = geomean(
+            ag[f"{n}/batch{batch}"]["speedup"] for n in COPY_HEAVY if f"{n}/batch{batch}" in ag)
+    if not args.no_llama and LLAMA_SERVER.exists():
+        print("llama-server ...", flush=True)
+        results["llama_server"] = ll = llama_side(args, tok, Path(gguf))
+        results["vs_llama_batch1"] = {n: round(ag[f"{n}/batch1"]["on_tok_s"] /
+                                               ll[f"{n}/batch1"]["tok_s"], 3)
+                                      for n in args.workloads if f"{n}/batch1" in ll}
+    path = write_results("speculative", results, args.out, args.quick)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""Model-free speculative decoding: drafts from the request's own context
+(:mod:`~agentlang.runtime.speculative.context_lookup`), a draft length chosen from the
+acceptance seen so far and the cost of a verify row (:mod:`~agentlang.runtime.speculative.policy`).
+Verification is jump-forward's (:mod:`agentlang.runtime.engine.constrained_step`): one extend
+step over the draft, each row sampled with the request's own generator, accepted while the
+sample equals the draft, so outputs are the same with speculation on or off."""
+
+from agentlang.runtime.speculative.context_lookup import ContextLookup
+from agentlang.runtime.speculative.policy import DraftPolicy, DraftStats
+
+__all__ = ["ContextLookup", "DraftPolicy", "DraftStats"]
