@@ -101,6 +101,25 @@ class ConstrainedStep:
                   logits: torch.Tensor, batch: int) -> Sampled:
         """Steps 2-4 for one job whose first row gave ``token``, in a step of ``batch`` jobs."""
         req = job.req
+        verified = self._verified(job, token, lp, logits)
+        if verified is None:                     # a draft row allowed no token
+            return _no_token(req)
+        out, lps = verified
+        kept = _matched(out, req.draft)
+        if req.draft_kind == "lookup":       # before the next draft: its length learns from it
+            req.spec.record(len(req.draft), kept)
+        elif req.shadow is not None:         # the lookup's guess the policy declined
+            req.spec.observe(1, int(out[0] == req.shadow))
+        req.shadow = None
+        return Sampled(out, lps, *self._next_draft(req, out, batch), kept=kept)
+
+    def _verified(self, job: StepJob, token: int, lp: TokenLogprob | None,
+                  logits: torch.Tensor) -> tuple[list[int], list[TokenLogprob | None]] | None:
+        """Steps 2-3: the tokens to append and their logprobs (``None``: a draft row allowed
+        no token). An unconstrained row without a draft is its sampled token as it is."""
+        req = job.req
+        if req.matcher is None and not req.draft:
+            return [token], [lp]
         picked = [token]
         lps = [lp]
 
@@ -114,19 +133,13 @@ class ConstrainedStep:
 
         settle = None if req.matcher is None else (lambda i, tok: self._settle(req, tok, i))
         out = _verify(req.matcher, req.draft, pick, settle)
-        if out is None:                          # a draft row allowed no token
-            return _no_token(req)
+        if out is None:
+            return None
         for i, tok in enumerate(out):            # the budget guard replaced a sampled token
             if tok != picked[i] and lps[i] is not None:
                 raw = torch.log_softmax(logits[job.first_row + i].float(), -1)   # [V]
                 lps[i] = top_logprobs(raw, tok, len(lps[i].top))
-        kept = _matched(out, req.draft)
-        if req.draft_kind == "lookup":       # before the next draft: its length learns from it
-            req.spec.record(len(req.draft), kept)
-        elif req.shadow is not None:         # the lookup's guess the policy declined
-            req.spec.observe(1, int(out[0] == req.shadow))
-        req.shadow = None
-        return Sampled(out, lps[:len(out)], *self._next_draft(req, out, batch), kept=kept)
+        return out, lps[:len(out)]
 
     def _sample_row(self, req: Request, row: torch.Tensor, ahead: Sequence[int]
                     ) -> tuple[int | None, TokenLogprob | None]:
