@@ -78,6 +78,7 @@ class RunContext:
         root.worker.join()
         for record in list(self.forks):
             self.release(record)
+        self.backend.end_run(self.run_id)
 
 
 @dataclass

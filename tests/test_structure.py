@@ -18,7 +18,8 @@ MAX_LINES = 330
 # import its own folder and the folders below it, never one above. ``agentlang.kernels`` (the
 # Triton kernels) sits between attention, which launches them, and cache, whose KV format they
 # read. The frontend (the rest of ``agentlang``) is above all of them: nothing here imports it.
-LAYERS = ("agentlang.runtime.server", "agentlang.runtime.engine", "agentlang.runtime.execution",
+LAYERS = ("agentlang.runtime.server", "agentlang.runtime.engine", "agentlang.runtime.session",
+          "agentlang.runtime.execution",
           "agentlang.runtime.scheduler", "agentlang.runtime.request", "agentlang.runtime.speculative",
           "agentlang.runtime.sampling", "agentlang.runtime.grammar", "agentlang.runtime.models",
           "agentlang.runtime.attention", "agentlang.kernels", "agentlang.runtime.cache",

@@ -9,7 +9,12 @@ The interpreter calls:
 - ``cache_prefix(text)`` / ``release_prefix(handle)`` around forks and batches, only when
   ``capabilities.prefix_cache`` is true;
 - ``check(opts)`` before a generation: a feature the backend cannot honour raises
-  ``UnsupportedFeatureError`` instead of being silently dropped.
+  ``UnsupportedFeatureError`` instead of being silently dropped;
+- ``end_run(run_id)`` when a program run ended (its session, if the backend keeps one, closes).
+
+Sessions: a backend whose engine keeps KV per session (``Runtime``, ``RuntimeEndpoint`` on
+``agentlang serve``) makes each program run one — :func:`session_of` names it after the run —
+so the run's history stays cached while its tools run, and is let go when the run ends.
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ class Prompt(NamedTuple):
     open_text: str = ""
     tag: dict | None = None           # which run / branch asks (ProgramTag.as_dict); servers
     #                                   that show programs (our dashboard) read it, others ignore
+
+
+def session_of(prompt: Prompt) -> str | None:
+    """The session of the program run asking (``None`` for a prompt without a run tag)."""
+    return f"run-{prompt.tag['id']}" if prompt.tag and prompt.tag.get("id") else None
 
 
 class GenResult(NamedTuple):
@@ -116,6 +126,9 @@ class Backend(ABC):
     def priority_of(self, opts: SamplingOptions) -> int | None:
         """The run's priority, else this backend's default (None: leave it to the server)."""
         return opts.priority if opts.priority is not None else self.default_priority
+
+    def end_run(self, run_id: str) -> None:
+        """Program run ``run_id`` ended: what the backend kept for it can go (default: none)."""
 
     def close(self) -> None:
         """Release resources (threads, connections, engines). Idempotent."""

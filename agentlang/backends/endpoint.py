@@ -24,13 +24,14 @@ from typing import Any
 
 import httpx
 
-from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt
+from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt, session_of
 from agentlang.chat_template import ChatTemplate, derive_chat_template
 from agentlang.runtime.sampling.fields import to_sglang
 from agentlang.sampling import SamplingOptions
 from agentlang.runtime.core.typed_values import VALUE_TYPE_REGEX
 
 EXTENSIONS = ("lark_grammar", "program", "agent")   # agentlang-only top-level /generate fields
+# ``session_id`` (the program run's session) is SGLang's own top-level field (0.5.23).
 # Engine fields that travel outside ``sampling_params`` (top level, or as a constraint below).
 NOT_SAMPLING_PARAMS = ("json_schema", "regex", "grammar", "value_type", "priority", "agent",
                        "logprobs")
@@ -38,6 +39,10 @@ NOT_SAMPLING_PARAMS = ("json_schema", "regex", "grammar", "value_type", "priorit
 
 class EndpointError(RuntimeError):
     """The server answered with an error status (its message included)."""
+
+
+class EndpointLimit(ValueError):
+    """The server answered 429 (e.g. its limit of open sessions)."""
 
 
 class RuntimeEndpoint(Backend):
@@ -81,6 +86,8 @@ class RuntimeEndpoint(Backend):
                 detail = detail["message"]
         except ValueError:
             detail = r.text
+        if r.status_code == 429:
+            raise EndpointLimit(f"{r.request.url.path}: {detail}")
         if 400 <= r.status_code < 500:
             raise ValueError(f"{r.request.url.path}: {detail}")
         raise EndpointError(f"{r.request.url.path} failed with HTTP {r.status_code}: {detail}")
@@ -123,12 +130,34 @@ class RuntimeEndpoint(Backend):
             return self._template
 
     def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
-        return self._result(self._post("/generate", self.payload(prompt.text, opts, False, prompt.tag)))
+        body = self.payload(prompt.text, opts, False, prompt.tag)
+        try:
+            return self._result(self._post("/generate", body))
+        except EndpointLimit:
+            if body.pop("session_id", None) is None:
+                raise
+            return self._result(self._post("/generate", body))   # no session: plain LRU
+
+    def end_run(self, run_id: str) -> None:
+        """Close the run's session (best effort: a server without it answers 404, SGLang's
+        200; neither is an error of the program)."""
+        try:
+            self.client.post("/close_session", json={"session_id": f"run-{run_id}"})
+        except httpx.HTTPError:
+            pass
 
     def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[GenDelta]:
+        body = self.payload(prompt.text, opts, True, prompt.tag)
+        try:
+            yield from self._stream(body)
+        except EndpointLimit:
+            if body.pop("session_id", None) is None:
+                raise
+            yield from self._stream(body)
+
+    def _stream(self, body: dict) -> Iterator[GenDelta]:
         seen = 0
-        with self.client.stream("POST", "/generate",
-                                json=self.payload(prompt.text, opts, True, prompt.tag)) as r:
+        with self.client.stream("POST", "/generate", json=body) as r:
             self._raise_for(r)
             last = None
             for line in r.iter_lines():
@@ -209,6 +238,7 @@ class RuntimeEndpoint(Backend):
             body["return_text_in_logprobs"] = True
         if tag is not None:
             body["program"] = tag
+            body["session_id"] = session_of(Prompt(text, tag=tag))
         return body
 
     @staticmethod

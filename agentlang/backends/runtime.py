@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt
+from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt, session_of
 from agentlang.chat_template import ChatTemplate, derive_chat_template
 from agentlang.sampling import SamplingOptions
 
@@ -67,12 +67,30 @@ class Runtime(Backend):
         return self._template
 
     def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
-        out = self.engine.generate(prompt.text, self.sampling_params(opts))
+        out = self.engine.generate(prompt.text, self._params(prompt, opts))
         return self._result(out)
 
     def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[GenDelta]:
-        for d in self.engine.generate_stream(prompt.text, self.sampling_params(opts)):
+        for d in self.engine.generate_stream(prompt.text, self._params(prompt, opts)):
             yield GenDelta(d.text, self._result(d.output) if d.output is not None else None)
+
+    def end_run(self, run_id: str) -> None:
+        self.engine.sessions.close(f"run-{run_id}")
+
+    def _params(self, prompt: Prompt, opts: SamplingOptions) -> Any:
+        """The engine's parameters in the run's session; without one when the engine's
+        session limit is reached (the run then uses the plain LRU cache, never refused)."""
+        from agentlang.runtime.session.session import SessionError
+
+        session = session_of(prompt)
+        if session is not None:
+            try:
+                self.engine.sessions.ensure(session)
+            except SessionError as e:
+                if e.status != 429:
+                    raise
+                session = None
+        return self.sampling_params(opts, session)
 
     def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
         if prefix:
@@ -99,10 +117,12 @@ class Runtime(Backend):
     shutdown = close  # SGLang's name
 
     # -- mapping -----------------------------------------------------------------------
-    def sampling_params(self, opts: SamplingOptions) -> Any:
+    def sampling_params(self, opts: SamplingOptions, session: str | None = None) -> Any:
         from agentlang.runtime import SamplingParams
 
         fields = opts.engine_fields()
+        if session is not None:
+            fields["session"] = session
         priority = self.priority_of(opts)
         if priority is not None:
             fields["priority"] = priority

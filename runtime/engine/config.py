@@ -43,6 +43,12 @@ class EngineConfig:
     speculative: bool = False
     speculative_max_draft: int = DEFAULT_MAX_DRAFT
     speculative_row_cost: float = ROW_COST
+    # sessions (agentlang.runtime.engine.sessions): open at most; a finished turn's KV held at
+    # most this long; session holds keep at most this share of the pool; idle timeout default
+    max_sessions: int = 1024
+    session_hold_s: float = 30.0
+    session_max_fraction: float = 0.5
+    session_timeout_s: float | None = 600.0
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:
@@ -75,6 +81,19 @@ class EngineConfig:
             raise ValueError(f"speculative must be True or False, got {self.speculative!r}")
         check_max_draft(self.speculative_max_draft, "speculative_max_draft")
         check_row_cost(self.speculative_row_cost, "speculative_row_cost")
+        if not isinstance(self.max_sessions, int) or isinstance(self.max_sessions, bool) or \
+                self.max_sessions < 0:
+            raise ValueError(f"max_sessions must be an integer >= 0, got {self.max_sessions!r}")
+        for name, lo, hi in (("session_hold_s", 0.0, 86400.0), ("session_max_fraction", 0.0, 1.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
+        if self.session_timeout_s is not None and (
+                isinstance(self.session_timeout_s, bool)
+                or not isinstance(self.session_timeout_s, (int, float))
+                or not 0 < self.session_timeout_s <= 86400):
+            raise ValueError(f"session_timeout_s must be a number in (0, 86400] or None, got "
+                             f"{self.session_timeout_s!r}")
         if self.grammar_backend not in ("xgrammar", "outlines"):
             raise ValueError(
                 f"grammar_backend must be 'xgrammar' or 'outlines', got {self.grammar_backend!r}"

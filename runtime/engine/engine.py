@@ -27,6 +27,8 @@ from agentlang.runtime.execution.cuda_graph import make_decode_graphs
 from agentlang.runtime.engine.config import EngineConfig
 from agentlang.runtime.engine.step_core import StepCore
 from agentlang.runtime.engine.step_loop import StepLoop
+from agentlang.runtime.engine.sessions import EngineSessions
+from agentlang.runtime.session.registry import SessionRegistry
 from agentlang.runtime.core.errors import EngineError, ErrorCode
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 from agentlang.runtime.weights.model_loader import resolve_model
@@ -81,7 +83,8 @@ class Engine:
                             cfg.max_wait_steps,
                             low_priority_values_first=cfg.schedule_low_priority_values_first,
                             max_lower_priority_tokens=cfg.max_lower_priority_tokens,
-                            urgent_slots=cfg.urgent_slots),
+                            urgent_slots=cfg.urgent_slots,
+                            retain_max_pages=int(cfg.session_max_fraction * self.pool.num_pages)),
             self.allocator, self.cache, copy)
         graphs = make_decode_graphs(cfg.cuda_graph, self.model, self.pool, self.backend,
                                     self.allocator, cfg.max_running, mc.max_position_embeddings)
@@ -95,8 +98,9 @@ class Engine:
         self.namespace_base = (self.model_name, str(cfg.torch_dtype), self.kv_layout.kv_dtype_name)
         self.grammars = LazyGrammarCache(self._make_grammar_cache)
         self.limits = RequestLimits(mc.vocab_size, self.max_context, self.pool.capacity_tokens)
+        registry = SessionRegistry(self.max_context, cfg.max_sessions, cfg.session_timeout_s)
         self.builder = RequestBuilder(self.tokenizer, self.limits, self.namespace_base,
-                                      self.grammars, cfg.seed)
+                                      self.grammars, cfg.seed, registry)
         self.agent_stats = AgentStats(cfg.max_agent_labels)   # per-label totals (/metrics)
         self.tracker = RequestTracker(self.agent_stats)
         self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
@@ -105,11 +109,20 @@ class Engine:
                                                      cfg.speculative_row_cost),
                                          cfg.speculative)
         self.step_loop = StepLoop(self.step, self._fail_all)
+        # sessions: open / close / SGLang turns (engine.sessions.open(...), ...)
+        self.sessions = EngineSessions(registry, self.scheduler, self.builder.namespace,
+                                       self.abort, cfg.session_hold_s,
+                                       self.tokenizer.bos_token_id, self.step_loop.lock)
+        self.processor.on_group_finish = self.sessions.finished
         self.core = StepCore(self.scheduler, self.processor, self.tracker, self.allocator,
-                             self.cache, self.runner, self.step_loop.take_arrivals)
+                             self.cache, self.runner, self.step_loop.take_arrivals,
+                             self.sessions)
         release_thread_pool()     # the loader's OpenMP workers: the stepping thread owns its own
 
     # ---- public API ---------------------------------------------------------------------
+    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
+        return self.generate(messages, params)
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt)
@@ -123,9 +136,6 @@ class Engine:
         self._run_groups(groups)
         outs = [g.output() for g in groups]
         return outs[0] if single else outs
-
-    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
-        return self.generate(messages, params)
 
     def generate_stream(self, prompt: PromptInput, params: SamplingParams | None = None,
                         request_id: str | None = None) -> Iterator[StreamDelta]:
@@ -185,18 +195,8 @@ class Engine:
 
     def score(self, prefix: str | list[int], continuations: Sequence[str]) -> list[list[float]]:
         """Per-token logprobs of each continuation after ``prefix`` (prefix computed once)."""
-        if not continuations:
-            raise ValueError("continuations: must be a non-empty list of strings")
         pre = self.builder.encode_one(prefix, "prefix")
-        seqs = []
-        for c in continuations:
-            if not isinstance(c, str) or not c:
-                raise ValueError(f"continuations: each must be a non-empty string, got {c!r}")
-            full = self.tokenizer.encode(self.tokenizer.decode(pre) + c, add_special_tokens=False) \
-                if isinstance(prefix, str) else pre + self.tokenizer.encode(c, add_special_tokens=False)
-            if full[: len(pre)] != pre or len(full) == len(pre):
-                full = pre + self.tokenizer.encode(c, add_special_tokens=False)
-            seqs.append(full)
+        seqs = self.builder.continuations(prefix, pre, continuations)
         handle = self.cache_prefix(pre) if len(pre) >= self.config.page_size else None
         try:
             groups = [self.builder.group(s, SamplingParams(max_tokens=1), prefill_only=True,
@@ -229,8 +229,10 @@ class Engine:
         self._post_now(lambda: self.cache.unlock(node))
 
     def flush_cache(self) -> int:
-        """Free every unpinned page of the prefix cache; returns the pages freed."""
+        """Free every unpinned page of the prefix cache (session holds released first);
+        returns the pages freed."""
         with self.step_loop.lock:
+            self.scheduler.retention.release_all("flushed")
             return self.cache.flush()
 
     def metrics(self) -> dict[str, float]:

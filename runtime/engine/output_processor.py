@@ -11,7 +11,7 @@ length.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ class OutputProcessor:
         self.sampler = ConstrainedStep(tokenizer, eos_ids, max_context, policy, speculative)
         self.eos_ids = eos_ids
         self.max_context = max_context
+        self.on_group_finish: Callable[[RequestGroup], None] | None = None   # sessions' hook
 
     # ---- intake -----------------------------------------------------------------------
     def add(self, group: RequestGroup) -> None:
@@ -178,6 +179,8 @@ class OutputProcessor:
         if g.finished:
             g.finish_time = time.perf_counter()
             self.tracker.retire(g)
+            if self.on_group_finish is not None:
+                self.on_group_finish(g)
             self._emit([req])
             if g.on_finish is not None:
                 g.on_finish(g)

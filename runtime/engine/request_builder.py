@@ -20,6 +20,7 @@ from agentlang.runtime.request.limits import RequestLimits
 from agentlang.runtime.request.prompts import PromptInput, normalize_prompts
 from agentlang.runtime.request.request import Request, RequestGroup
 from agentlang.runtime.sampling.params import SamplingParams
+from agentlang.runtime.session.registry import SessionRegistry
 
 if TYPE_CHECKING:
     from agentlang.runtime.grammar.base import CompiledGrammar
@@ -46,11 +47,14 @@ class RequestBuilder:
     """Validates prompts against the model and the KV pool (``limits``, the checks the server
     also makes before answering), names groups ``req-N`` unless given an id, and keys their cache
     entries by ``namespace_base`` plus the request's ``cache_salt``. ``seed`` seeds the
-    generators of requests that set no seed of their own."""
+    generators of requests that set no seed of their own. A request with a ``session`` joins
+    it in ``sessions`` (opened on first use) within the session's capacity."""
 
     def __init__(self, tokenizer: Any, limits: RequestLimits, namespace_base: tuple,
-                 grammars: LazyGrammarCache, seed: int | None):
+                 grammars: LazyGrammarCache, seed: int | None,
+                 sessions: SessionRegistry | None = None):
         self.tokenizer = tokenizer
+        self.sessions = sessions
         self.limits = limits
         self.namespace_base = namespace_base
         self.grammars = grammars
@@ -83,17 +87,41 @@ class RequestBuilder:
         return single, [self.group(i, p, rid=request_id, prefill_only=prefill_only)
                         for i, p in zip(ids, plist)]
 
+    def continuations(self, prefix: str | list[int], pre: list[int],
+                      continuations: Sequence[str]) -> list[list[int]]:
+        """Token ids of ``prefix`` (encoded as ``pre``) followed by each continuation (the
+        continuation re-tokenized with a text prefix when that keeps ``pre`` intact)."""
+        if not continuations:
+            raise ValueError("continuations: must be a non-empty list of strings")
+        tok, seqs = self.tokenizer, []
+        for c in continuations:
+            if not isinstance(c, str) or not c:
+                raise ValueError(f"continuations: each must be a non-empty string, got {c!r}")
+            full = tok.encode(tok.decode(pre) + c, add_special_tokens=False) \
+                if isinstance(prefix, str) else pre + tok.encode(c, add_special_tokens=False)
+            if full[: len(pre)] != pre or len(full) == len(pre):
+                full = pre + tok.encode(c, add_special_tokens=False)
+            seqs.append(full)
+        return seqs
+
     def group(self, ids: list[int], params: SamplingParams, rid: str | None = None,
               prefill_only: bool = False, logprob_start: int | None = None) -> RequestGroup:
         """A group for validated token ids; its constraint (if any) starts compiling."""
         self.limits.check_prompt(len(ids))
         if params.prompt_logprobs is not None and logprob_start is None:
             logprob_start = 1
-        ns = self.namespace_base + ((params.cache_salt,) if params.cache_salt else ())
+        ns = self.namespace(params.cache_salt)
+        session = None
+        if params.session is not None and self.sessions is not None:
+            session = (ns, self.sessions.join(ns, params.session, len(ids), params.max_tokens))
         grammar = self.compile_constraint(params, check_budget=not prefill_only)
         return RequestGroup(rid or f"req-{next(self._ids)}", ids, params, ns,
                             prefill_only=prefill_only, logprob_start=logprob_start,
-                            grammar=grammar)
+                            grammar=grammar, session=session)
+
+    def namespace(self, cache_salt: str | None) -> tuple:
+        """The prefix-cache namespace of requests with ``cache_salt``."""
+        return self.namespace_base + ((cache_salt,) if cache_salt else ())
 
     def compile_constraint(self, params: SamplingParams, budget_field: str = "max_tokens",
                            check_budget: bool = True) -> Future[CompiledGrammar] | None:

@@ -31,6 +31,7 @@ class EngineSnapshot(NamedTuple):
     evictions: list[Eviction]
     page_size: int
     cost_ms: float                     # engine-thread time spent taking it
+    sessions: tuple = ()               # SessionRow per open session (engine.sessions)
 
 
 def check_max_nodes(max_nodes: object) -> int:

@@ -25,6 +25,7 @@ from agentlang.runtime.core.errors import UNFIT_IN_KV_POOL
 from agentlang.runtime.engine.layer_break import LayerBreaks
 from agentlang.runtime.engine.output_processor import OutputProcessor
 from agentlang.runtime.engine.request_tracker import RequestTracker
+from agentlang.runtime.engine.sessions import EngineSessions
 from agentlang.runtime.engine.snapshot import EngineSnapshot
 from agentlang.runtime.scheduler.scheduled import ScheduledItem
 from agentlang.runtime.scheduler.scheduler import Scheduler
@@ -42,11 +43,12 @@ class Runner(Protocol):
 
 class StepCore:
     """``take_arrivals()`` runs the submissions queued since and says whether there were any
-    (the layer breaks take them mid-step)."""
+    (the layer breaks take them mid-step); ``sessions`` (if any) ticks at each step."""
 
     def __init__(self, scheduler: Scheduler, processor: OutputProcessor, tracker: RequestTracker,
                  allocator: PageAllocator, cache: RadixCache, runner: Runner,
-                 take_arrivals: Callable[[], bool]):
+                 take_arrivals: Callable[[], bool], sessions: EngineSessions | None = None):
+        self.sessions = sessions
         self.scheduler = scheduler
         self.processor = processor
         self.tracker = tracker
@@ -58,6 +60,8 @@ class StepCore:
 
     def step(self) -> bool:
         """One scheduling step (the caller drained its inbox first); whether work remains."""
+        if self.sessions is not None:
+            self.sessions.tick()
         self.processor.admit_ready_grammars()
         batch = self.scheduler.schedule()
         for req in batch.unfit:
@@ -106,10 +110,18 @@ class StepCore:
             "spec_draft_tokens": counters.spec_draft_tokens,
             "spec_accepted_tokens": counters.spec_accepted_tokens,
             "spec_verify_steps": counters.spec_verify_steps,
+            **self._session_metrics(),
             "num_running": len(sched.running),
             "num_waiting": len(sched.waiting) + self.tracker.num_waiting_grammar,
             "page_size": cache.page_size,
         }
+
+    def _session_metrics(self) -> dict[str, float]:
+        r = self.scheduler.retention
+        out = {"sessions_open": 0 if self.sessions is None else len(self.sessions.registry),
+               "session_holds": len(r), "session_held_pages": r.held_pages()}
+        out.update({f"session_releases_{k}": v for k, v in r.stats.released.items()})
+        return out
 
     def snapshot(self, max_nodes: int, pages: bool) -> EngineSnapshot:
         """Copy the live state (see :mod:`agentlang.runtime.engine.snapshot`); ``cost_ms`` is
@@ -121,6 +133,7 @@ class StepCore:
         rows = self.scheduler.request_rows(t0)
         metrics = self.metrics()
         evictions = list(self.cache.recent_evictions)
+        sessions = tuple(self.sessions.rows()) if self.sessions is not None else ()
         cost = (time.perf_counter() - t0) * 1000.0
         return EngineSnapshot(time.time(), metrics, tree, refcounts, owned, rows, evictions,
-                              self.cache.page_size, cost)
+                              self.cache.page_size, cost, sessions)

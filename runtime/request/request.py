@@ -53,6 +53,7 @@ class RequestGroup:
     error: EngineError | None = None
     on_finish: Callable[["RequestGroup"], None] | None = None
     grammar: Future[CompiledGrammar] | None = None   # the constraint's compilation, if any
+    session: tuple | None = None          # (namespace, session id): its KV is held when it ends
     final_sent: bool = False
 
     @property

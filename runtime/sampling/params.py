@@ -57,6 +57,8 @@ class SamplingParams:
     cache_salt: str | None = None     # tenant isolation in the prefix cache
     priority: int = 0                 # higher first (agentlang.runtime.core.priority: range, aging)
     agent: str | None = None          # accounting label (agentlang.runtime.core.agent_stats)
+    session: str | None = None        # the session (agentlang.runtime.engine.sessions): its KV is
+                                      # kept for the next turn; opened on first use
 
     def __init__(self, **kwargs: Any):
         names = {f.name: f for f in dataclasses.fields(self)}
@@ -139,6 +141,9 @@ class SamplingParams:
             raise bad("cache_salt", "must be a string")
         check_priority(self.priority, "priority")
         check_label(self.agent, "agent")
+        if self.session is not None and not (isinstance(self.session, str) and
+                                             0 < len(self.session) <= 256):
+            raise bad("session", "must be a non-empty string of at most 256 characters")
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
                      "jump_forward", "complete_within_budget"):
             if not isinstance(getattr(self, name), bool):

@@ -19,9 +19,10 @@ most ``max_lower_priority_tokens`` tokens. With equal priorities no step is urge
 the layers of a step in flight, arrivals that outrank part of it are admitted and served
 (:meth:`Scheduler.admit_between_layers`, ``agentlang.runtime.engine.layer_break``).
 
-Out of pages: evict from the radix cache, then preempt the running request of lowest effective
-priority, most recently admitted first (its computed KV goes into the cache, it is requeued and
-recomputed later). A request is never dropped; one that cannot fit even alone ends with
+Out of pages: evict from the radix cache, release session holds (:mod:`agentlang.runtime.cache.
+retention`; a hold never makes a request wait), then preempt the running request of lowest
+effective priority, most recently admitted first (its computed KV goes into the cache, it is
+requeued and recomputed later). A request is never dropped; one that cannot fit even alone ends with
 ``finish_reason="length"``. Token ids reach the cache as ``TokenKey.trusted`` (validated).
 """
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 
 from agentlang.runtime.cache.page_allocator import OutOfPagesError, PageAllocator
 from agentlang.runtime.cache.page_table import PageTable, PageTableStats
+from agentlang.runtime.cache.retention import Retention
 from agentlang.runtime.core.priority import PriorityPolicy
 from agentlang.runtime.cache.radix_cache import RadixCache, TokenKey
 from agentlang.runtime.request.request import Request, RequestRow
@@ -51,6 +53,7 @@ class SchedulerConfig:
     low_priority_values_first: bool = False
     max_lower_priority_tokens: int = 8   # lower-priority tokens in an urgent step
     urgent_slots: int = 4   # running above max_running for requests that outrank a running one
+    retain_max_pages: int = 0   # pages session holds may keep (agentlang.runtime.cache.retention)
 
 
 class Scheduler:
@@ -63,6 +66,7 @@ class Scheduler:
         self.copy_fn = copy_fn
         self.table_stats = PageTableStats()
         self.policy = PriorityPolicy(cfg.low_priority_values_first, cfg.max_wait_steps)
+        self.retention = Retention(cache, cfg.retain_max_pages)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
@@ -122,9 +126,15 @@ class Scheduler:
             self.cache.unlock(req.lock_node)
         req.lock_node = node
 
+    def retain(self, req: Request, key, now: float, ttl: float) -> bool:
+        """Hold the finished ``req``'s computed KV in the cache for ``key`` (retention)."""
+        tokens = TokenKey.trusted(req.all_ids[: req.num_computed])
+        node = self.cache.match_prefix(tokens, req.group.namespace, record=False).node
+        return self.retention.hold(key, node, now, ttl)
+
     def _reserve(self, req: Request, n: int, can_preempt: bool) -> bool:
-        """Reserve pages for ``n`` more tokens of ``req``: evict from the cache, then (if
-        allowed) preempt the policy's victim (lowest priority, newest) — possibly ``req``
+        """Reserve pages for ``n`` more tokens of ``req``: evict from the cache, release
+        session holds (they never make a request wait), then (if allowed) preempt the policy's victim (lowest priority, newest) — possibly ``req``
         itself. False if ``req`` got no pages (then it may have been preempted)."""
         while True:
             try:
@@ -134,6 +144,8 @@ class Scheduler:
                 need = -(-(req.page_table.num_tokens + n) // self.cfg.page_size) \
                     - len(req.page_table.pages) + 1
                 if self.cache.evict(max(need - self.allocator.num_free, 1)) > 0:
+                    continue
+                if self.retention.release_for_pages():
                     continue
                 if not can_preempt or len(self.running) <= 1:
                     return False
@@ -178,7 +190,8 @@ class Scheduler:
         over = self.policy.outranking(self.waiting, self.running)
         if over:     # only these can preempt; they may first take the urgent slots
             self.policy.make_room(over, self.running, self._urgent_cap - len(self.running),
-                                  self.allocator.num_free + self.cache.evictable_pages, self)
+                                  self.allocator.num_free + self.cache.evictable_pages
+                                  + self.retention.releasable_pages(), self)
         top = self.policy.urgent_rank(self.waiting, self.running)
         first = (lambda r: True) if top is None else (lambda r: self.policy.effective(r) >= top)
         items: list[ScheduledItem] = []
@@ -279,6 +292,7 @@ class Scheduler:
                 self.cache.stats.queried_tokens += req.num_tokens
                 self.cache.stats.hit_tokens += cached
             self.waiting.remove(req)
+            self.retention.resumed(m.node, time.monotonic())   # its own lock covers it now
             self._admit_counter += 1
             req.admit_seq = self._admit_counter
             if req.group.admit_time is None:

@@ -18,7 +18,7 @@ from agentlang.runtime.engine.engine import Engine
 from agentlang.runtime.server.openai import chat as openai_chat, completions as openai_completions
 from agentlang.runtime.server.ops import dashboard, routes as ops
 from agentlang.runtime.server.sglang import control as native_control, generate as native_generate, \
-    info as native_info, routes as native
+    info as native_info, routes as native, sessions as native_sessions
 from agentlang.runtime.server.auth import BearerAuth
 from agentlang.runtime.server.errors import install_error_handlers
 from agentlang.runtime.server.openapi import install_openapi
@@ -57,7 +57,7 @@ def create_app(engine: Engine, api_key: str | None = None,
         return Response(status_code=499)
 
     for module in (openai_chat, openai_completions, native_generate, native, native_info,
-                   native_control, ops, dashboard):
+                   native_control, native_sessions, ops, dashboard):
         app.include_router(module.router)
     install_openapi(app, state)
     if api_key is not None:

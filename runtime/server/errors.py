@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentlang.runtime.core.errors import EngineError, EngineValueError, ErrorCode
+from agentlang.runtime.session.session import SessionError
 
 log = logging.getLogger("agentlang.runtime.server")
 
@@ -83,9 +84,13 @@ def from_value_error(exc: ValueError, param_map: dict[str, str] | None = None,
                      default_param: str | None = None) -> APIError:
     """A 400 for an engine/sampling ``ValueError``; ``param_map`` renames engine field names
     to request field names (``{"json_schema": "response_format"}``). A typed
-    :class:`EngineValueError` takes its status and code from :data:`ENGINE_ERROR_STATUS`."""
+    :class:`EngineValueError` takes its status and code from :data:`ENGINE_ERROR_STATUS`, a
+    :class:`SessionError` its own status (404 unknown session, 413 over capacity, 429 too
+    many sessions)."""
     if isinstance(exc, EngineValueError):
         return engine_error(exc.error, param_map)
+    if isinstance(exc, SessionError):
+        return APIError(exc.status, str(exc), exc.field, "invalid_session")
     message = str(exc)
     field = field_of(message)
     param = field if field is not None else default_param

@@ -36,6 +36,12 @@ STREAMED: dict[int | str, dict[str, Any]] = {200: {
     "description": "The result as JSON, or with `stream: true` server-sent events "
                    "(`data: {json}` lines, the last one `data: [DONE]`).",
     "content": {"text/event-stream": {}}}}
+# What a session can answer besides 400 (agentlang.runtime.server.sglang.sessions).
+SESSION_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"description": "No open session with that id (in this `cache_salt`)."},
+    413: {"description": "The turn is over its session's capacity (`capacity_of_str_len`)."},
+    429: {"description": "The server's limit of open sessions is reached."},
+}
 _FASTAPI_ONLY = ("HTTPValidationError", "ValidationError")
 _REF = "#/components/schemas/"
 _METHODS = ("get", "post", "put", "delete", "patch")
@@ -86,6 +92,9 @@ def _fix_operation(path: str, op: dict, api_key: bool) -> None:
         responses["400"] = _error("Bad request: invalid JSON, a field of the wrong type or out "
                                   "of range, or a request the model cannot serve; `param` "
                                   "names the field.")
+    for code in ("404", "413", "429"):       # documented by a route: give them the error body
+        if code in responses and "content" not in responses[code]:
+            responses[code] = _error(responses[code]["description"])
     if api_key and path not in OPEN_PATHS:
         responses["401"] = _error("Missing or wrong `Authorization: Bearer <key>`.")
 

@@ -132,6 +132,7 @@ class SamplingFields(_Strict):
     priority: int | None = None              # as vLLM / SGLang: scheduling priority
     agent: str | None = None                 # agentlang: per-agent accounting label
     speculative: bool | None = None          # agentlang: drafts from the context (None: server's)
+    session_id: str | None = Field(None, min_length=1, max_length=256)   # also X-Session-ID
 
 
 class ChatCompletionRequest(SamplingFields):

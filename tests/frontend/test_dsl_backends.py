@@ -198,8 +198,14 @@ def test_endpoint_program_with_roles_fork_select_and_schema(endpoint):
     assert st["a"] in ("yes", "no")
     assert st.text().startswith(f"<|im_start|>system\n{SMOL_SYS}")
     paths = {p for p, _, _ in server.requests}
-    assert paths == {"/get_model_info", "/generate"}      # SGLang's routes only
+    assert paths == {"/get_model_info", "/generate", "/close_session"}   # SGLang's routes only
     bodies = [b for p, b, _ in server.requests if p == "/generate"]
+    # the run is one session (SGLang's top-level session_id), closed when the run ends
+    sessions = {b["session_id"] for b in bodies if "program" in b}
+    assert len(sessions) == 1 and sessions == {f"run-{bodies[-1]['program']['id']}"}
+    closes = [b for p, b, _ in server.requests if p == "/close_session"]
+    assert [c["session_id"] for c in closes] == list(sessions)
+    assert server.requests[-1][0] == "/close_session"
     assert all(isinstance(b["text"], str) for b in bodies)  # sglang-router takes no batches
     assert any(b["sampling_params"] == {"max_new_tokens": 0} for b in bodies)  # fork prefix
     gen = next(b for b in bodies if "json_schema" in b["sampling_params"])

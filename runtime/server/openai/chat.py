@@ -16,12 +16,13 @@ from agentlang.runtime.server.errors import bad_request
 from agentlang.runtime.server.logprobs import chat_logprobs
 from agentlang.runtime.server.openai.common import (
     base_fields,
+    take_session_header,
     check_output,
     constraint_fields,
     finish_reason,
     usage,
 )
-from agentlang.runtime.server.openapi import STREAMED, json_body
+from agentlang.runtime.server.openapi import SESSION_ERRORS, STREAMED, json_body
 from agentlang.runtime.server.protocol import ChatCompletionRequest, parse_body
 from agentlang.runtime.server.state import ServerState
 from agentlang.runtime.server.streaming import DONE, SSE_HEADERS, error_event, merge_streams, sse, \
@@ -32,16 +33,18 @@ router = APIRouter()
 _TAG = "<tool_call>"
 
 
-@router.post("/v1/chat/completions", responses=STREAMED,
+@router.post("/v1/chat/completions", responses=STREAMED | SESSION_ERRORS,
              openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, ChatCompletionRequest)
+    take_session_header(request, req)
     state.check_model(req.model)
     plan = plan_tools(req.tools, req.tool_choice)
     messages = with_tool_prompt(normalize_messages(req.messages), plan)
     ids = state.chat_ids(messages)
     params, cparam = _params(state, req, plan, len(ids))
+    state.engine.sessions.check(params, len(ids))
     await state.compile_constraint(params, cparam)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:

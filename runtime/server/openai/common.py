@@ -29,7 +29,21 @@ def base_fields(req: SamplingFields, max_tokens: int) -> dict[str, Any]:
         "stop_token_ids": req.stop_token_ids, "skip_special_tokens": req.skip_special_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "priority": req.priority, "agent": req.agent, "speculative": req.speculative,
+        "session": req.session_id,
     }
+
+
+def take_session_header(request: Any, req: SamplingFields) -> None:
+    """An ``X-Session-ID`` header is the request's ``session_id`` (400 if both disagree)."""
+    header = request.headers.get("x-session-id")
+    if header is None:
+        return
+    if not header or len(header) > 256:
+        raise bad_request("X-Session-ID: must be 1 to 256 characters", "X-Session-ID")
+    if req.session_id is not None and req.session_id != header:
+        raise bad_request(f"session_id: {req.session_id!r} differs from the X-Session-ID "
+                          f"header {header!r}", "session_id")
+    req.session_id = header
 
 
 def constraint_fields(req: ChatCompletionRequest | CompletionRequest,

@@ -20,12 +20,13 @@ from agentlang.runtime.server.errors import bad_request
 from agentlang.runtime.server.logprobs import completion_logprobs
 from agentlang.runtime.server.openai.common import (
     base_fields,
+    take_session_header,
     check_output,
     constraint_fields,
     finish_reason,
     sum_usage,
 )
-from agentlang.runtime.server.openapi import STREAMED, json_body
+from agentlang.runtime.server.openapi import SESSION_ERRORS, STREAMED, json_body
 from agentlang.runtime.server.protocol import MAX_PROMPTS, CompletionRequest, parse_body
 from agentlang.runtime.server.state import ServerState
 from agentlang.runtime.server.streaming import DONE, SSE_HEADERS, error_event, merge_streams, sse, \
@@ -44,10 +45,11 @@ async def list_models(request: Request):
     return {"object": "list", "data": [card]}
 
 
-@router.post("/v1/completions", responses=STREAMED, openapi_extra=json_body(CompletionRequest))
+@router.post("/v1/completions", responses=STREAMED | SESSION_ERRORS, openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, CompletionRequest)
+    take_session_header(request, req)
     state.check_model(req.model)
     if req.suffix:
         raise bad_request("suffix: not supported by this server", "suffix")
@@ -63,6 +65,8 @@ async def completions(request: Request):
         mt = state.max_tokens_for(len(ids), requested, "max_tokens", "prompt")
         fields = base_fields(req, mt) | constraint | {"logprobs": req.logprobs}
         params.append(state.sampling_params(fields, {"json_schema": cparam or "json_schema"}))
+    for p, (_text, ids) in zip(params, prompts):
+        state.engine.sessions.check(p, len(ids))
     await state.compile_constraint(params[0], cparam)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:

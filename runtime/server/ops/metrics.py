@@ -35,6 +35,10 @@ GAUGES = (
     ("kv_pages_private", "pages_private", "KV pages held by one request alone (refcount 1)."),
     ("kv_pages_shared", "pages_shared",
      "KV pages with refcount > 1: cache + requests, or forks sharing them (copy-on-write)."),
+    ("sessions_open", "sessions_open", "Open sessions (SGLang's and session_id ones)."),
+    ("session_holds", "session_holds", "Finished turns whose KV is held for their next turn."),
+    ("kv_pages_session_held", "session_held_pages",
+     "Distinct KV pages kept by session holds (shared prefixes counted once)."),
 )
 COUNTERS = (
     ("prefix_cache_queried_tokens", "prefix_cache_queried_tokens",
@@ -77,6 +81,17 @@ class _EngineCollector:
             yield GaugeMetricFamily(f"agentlang_{suffix}", doc, value=float(m[key]))
         for suffix, key, doc in COUNTERS:
             yield CounterMetricFamily(f"agentlang_{suffix}", doc, value=float(m[key]))
+        releases = CounterMetricFamily("agentlang_session_hold_releases",
+                                       "Session holds given back, by reason.", labels=["reason"])
+        for key in sorted(k for k in m if k.startswith("session_releases_")):
+            releases.add_metric([key[len("session_releases_"):]], float(m[key]))
+        yield releases
+        held = GaugeMetricFamily("agentlang_session_held_pages_by_session",
+                                 "KV pages on the path each open session's hold keeps.",
+                                 labels=["session"])
+        for row in self.engine.sessions.rows():
+            held.add_metric([row.id], float(row.held_pages))
+        yield held
         totals = self.engine.agent_stats.snapshot()
         for suffix, key, doc in AGENT_COUNTERS:
             family = CounterMetricFamily(f"agentlang_{suffix}", doc, labels=["agent"])

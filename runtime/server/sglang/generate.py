@@ -5,7 +5,8 @@ of lists); ``sampling_params`` (a dict broadcast to every prompt, or one per pro
 :mod:`agentlang.runtime.server.sglang.params`); ``rid`` (str, or one per prompt; a single string in a
 batch becomes ``rid_i``); ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``
 (scalar or one per prompt); ``return_text_in_logprobs``; ``stream``; ``cache_salt`` (a
-prefix-cache namespace: prompts with different salts never share cached pages). Unknown top-level keys are
+prefix-cache namespace: prompts with different salts never share cached pages);
+``session_params`` / ``session_id`` (:mod:`agentlang.runtime.server.sglang.sessions`). Unknown top-level keys are
 ignored, as SGLang ignores them; agentlang's one extension is a top-level ``lark_grammar`` (a
 Lark grammar constraining the output; it excludes the ``sampling_params`` constraints). Every element is checked before anything is queued: one bad
 element is a 400 for the whole batch.
@@ -43,11 +44,12 @@ from fastapi.responses import StreamingResponse
 from agentlang.runtime.server.errors import bad_request
 from agentlang.runtime.server.logprobs import native_logprobs
 from agentlang.runtime.server.sglang.routes import prompt_ids
+from agentlang.runtime.server.sglang.sessions import join_session
 from agentlang.runtime.server.sglang.output import Item, completions, result
 from agentlang.runtime.server.sglang.params import (SCHEMA as SAMPLING_SCHEMA, NativeParamError,
                                           engine_field_names, parse_sampling)
 from agentlang.runtime.server.openai.common import check_output
-from agentlang.runtime.server.openapi import STREAMED, json_body
+from agentlang.runtime.server.openapi import SESSION_ERRORS, STREAMED, json_body
 from agentlang.runtime.server.protocol import NON_EMPTY_TEXT, NULL_ONLY, TEXTS, TOKEN_IDS, _Strict, \
     documented, one_or_each, parse_body
 from agentlang.runtime.server.state import ServerState
@@ -80,6 +82,8 @@ class GenerateRequest(_Strict):
     program: Any = None                   # optional DSL run/branch tag for the dashboard
     priority: Any = None                  # int | list[int]: higher first, as SGLang's
     agent: Any = None                     # str | list[str]: accounting label (agentlang's)
+    session_params: Any = None            # SGLang's: continue a turn (sglang.sessions)
+    session_id: Any = None                # SGLang's: keep the KV for this session
 
 
 def _per_prompt(value: Any, count: int, single: bool, name: str) -> list[Any]:
@@ -196,7 +200,8 @@ def _engine_fields(req: GenerateRequest) -> dict[str, str]:
             "regex": "sampling_params.regex"}
 
 
-@router.post("/generate", responses=STREAMED, openapi_extra=json_body(GenerateRequest))
+@router.post("/generate", responses=STREAMED | SESSION_ERRORS,
+             openapi_extra=json_body(GenerateRequest))
 async def generate(request: Request):
     state: ServerState = request.app.state.server
     req = await parse_body(request, GenerateRequest)
@@ -205,6 +210,7 @@ async def generate(request: Request):
     dup = [it.rid for it in items if it.rid in state.native_rids]
     if dup or len({it.rid for it in items}) < len(items):
         raise bad_request(f"rid: duplicate request id {(dup or [items[0].rid])[0]!r}", "rid")
+    join_session(state, req.session_params, req.session_id, items)
     if req.program is not None:
         request.app.state.dashboard.programs.record(req.program, [it.rid for it in items])
     many = not single or items[0].sampling.fields["n"] > 1
