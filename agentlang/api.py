@@ -69,14 +69,17 @@ global_config = GlobalConfig()
 # Whether the running code is the body of a program being run or traced: there a program
 # call composes into the caller's state; outside it runs the program (SGLang's semantics).
 # A context variable, so each thread (and each program body) sees its own value.
-_IN_PROGRAM: contextvars.ContextVar[bool] = contextvars.ContextVar("agentlang_in_program",
-                                                                  default=False)
+# Its value: False outside; True while tracing; while running, the run's (backend, defaults),
+# which a program called there and used as a value runs with.
+_IN_PROGRAM: contextvars.ContextVar[Any] = contextvars.ContextVar("agentlang_in_program",
+                                                                 default=False)
 
 
 @contextlib.contextmanager
-def program_body() -> Iterator[None]:
-    """Marks the code inside as a program body (see :func:`in_program`)."""
-    token = _IN_PROGRAM.set(True)
+def program_body(run: tuple | None = None) -> Iterator[None]:
+    """Marks the code inside as a program body (see :func:`in_program`); ``run`` is the
+    running program's ``(backend, defaults)`` (``None`` while tracing)."""
+    token = _IN_PROGRAM.set(run if run is not None else True)
     try:
         yield
     finally:
@@ -84,7 +87,13 @@ def program_body() -> Iterator[None]:
 
 
 def in_program() -> bool:
-    return _IN_PROGRAM.get()
+    return _IN_PROGRAM.get() is not False
+
+
+def running_program() -> tuple | None:
+    """The ``(backend, defaults)`` of the program running here (None outside or tracing)."""
+    v = _IN_PROGRAM.get()
+    return v if isinstance(v, tuple) else None
 
 
 def function(func: Callable | None = None) -> Any:

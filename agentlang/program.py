@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 import re
 import inspect
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agentlang.api import get_default_backend, in_program, program_body
+from agentlang.api import get_default_backend, in_program, program_body, running_program
 from agentlang.backends.base import Backend
 from agentlang.compiler import plan_batch
 from agentlang.executor import RunContext, StreamExecutor
@@ -41,6 +43,33 @@ def program_label(name: str) -> str:
 def _split_options(kwargs: dict[str, Any]) -> tuple[SamplingOptions, dict[str, Any]]:
     opts = {k: kwargs.pop(k) for k in RUN_OPTION_NAMES if k in kwargs}
     return run_defaults(**opts), kwargs
+
+
+@dataclass(frozen=True)
+class NestedCall(Call):
+    """A program called inside a running program without a state (SGLang's
+    ``SglFunction.__call__``): ``s += other(...)`` composes it into ``s`` like any call, and
+    used as a value (``x["var"]``, ``x.text()``, …) it is a run of its own — its own state
+    and its own session — started on first use (so a call that is only composed never runs
+    twice) with the caller's backend and run options."""
+
+    start: Callable[[], ProgramState] | None = field(default=None, compare=False, repr=False)
+    cell: dict = field(default_factory=dict, compare=False, repr=False)
+    lock: Any = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def state(self) -> ProgramState:
+        with self.lock:
+            if "state" not in self.cell:
+                self.cell["state"] = self.start()
+            return self.cell["state"]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.state()[name]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.state(), name)
 
 
 class Program:
@@ -92,15 +121,22 @@ class Program:
 
     # -- composition ---------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Inside a running program, ``other(s, ...)`` runs this program's body on state ``s``
-        now and ``s += other(...)`` does the same at that point of ``s``. Outside one, the call
-        runs the program, as :meth:`run` with the same arguments (``stream``, ``backend`` and
-        sampling options included), and returns its state."""
+        """Inside a program, ``other(s, ...)`` runs this program's body on state ``s`` now
+        and ``s += other(...)`` does the same at that point of ``s``; in a running program,
+        ``other(...)`` used as a value is its own run (:class:`NestedCall`). Outside one, the
+        call runs the program, as :meth:`run` with the same arguments (``stream``, ``backend``
+        and sampling options included), and returns its state."""
         if args and isinstance(args[0], ProgramState):
             return self.call_inline(args[0], self.arguments(args[1:], kwargs))
         if not in_program():
             return self.run(*args, **kwargs)
-        return Call(self, tuple(self.arguments(args, kwargs, complete=False).items()))
+        arguments = self.arguments(args, kwargs, complete=False)
+        run = running_program()
+        if run is None:                                    # tracing: a call node
+            return Call(self, tuple(arguments.items()))
+        backend, defaults = run
+        return NestedCall(self, tuple(arguments.items()), start=lambda: self._execute(
+            backend, self.arguments((), arguments), defaults, False))
 
     def call_inline(self, state: ProgramState, arguments: dict[str, Any]) -> Any:
         return self.func(state, **{**self.bound, **arguments})
@@ -133,7 +169,7 @@ class Program:
 
         def body() -> None:
             try:
-                with program_body():
+                with program_body((backend, defaults)):
                     state.ret_value = self.func(state, **arguments)
             except BaseException as e:  # noqa: BLE001 - re-raised below or via the stream
                 failure.append(e)

@@ -135,11 +135,21 @@ class ProgramState:
         self += VarScopeEnd(name)
 
     # -- fork / join -------------------------------------------------------------------
-    def fork(self, size: int = 1) -> ForkGroup:
-        """``size`` copies of this state that continue independently (and concurrently)."""
+    def fork(self, size: int = 1, position_ids_offset: list[int] | None = None) -> ForkGroup:
+        """``size`` copies of this state that continue independently (and concurrently).
+        ``position_ids_offset`` (SGLang's signature: one position offset per branch) is
+        checked and not used: every branch's tokens sit at their true positions after the
+        shared prefix, whose KV the branches share through the radix cache."""
         self._check_open()
-        if not isinstance(size, int) or size < 1:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"fork size must be a positive int, got {size!r}")
+        if position_ids_offset is not None and not (
+                isinstance(position_ids_offset, (list, tuple))
+                and len(position_ids_offset) == size
+                and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0
+                        for o in position_ids_offset)):
+            raise ValueError(f"position_ids_offset: must be None or {size} integers >= 0 (one "
+                             f"per branch), got {position_ids_offset!r}")
         streams, token = self._stream.fork_streams(size)
         closing = Closing()
         states = [ProgramState(st, self._open_role, tuple(self._open_scopes), closing)

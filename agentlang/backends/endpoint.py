@@ -62,6 +62,7 @@ class RuntimeEndpoint(Backend):
         self._template: ChatTemplate | None = None
         self._model_info: dict | None = None
         self._lock = threading.Lock()
+        self._sessions: set[str] = set()        # sessions this client's runs sent
 
     @property
     def endpoint(self) -> RuntimeEndpoint:
@@ -141,8 +142,13 @@ class RuntimeEndpoint(Backend):
     def end_run(self, run_id: str) -> None:
         """Close the run's session (best effort: a server without it answers 404, SGLang's
         200; neither is an error of the program)."""
+        sid = f"run-{run_id}"
+        with self._lock:
+            if sid not in self._sessions:
+                return                    # the run generated nothing: no session to close
+            self._sessions.discard(sid)
         try:
-            self.client.post("/close_session", json={"session_id": f"run-{run_id}"})
+            self.client.post("/close_session", json={"session_id": sid})
         except httpx.HTTPError:
             pass
 
@@ -238,7 +244,11 @@ class RuntimeEndpoint(Backend):
             body["return_text_in_logprobs"] = True
         if tag is not None:
             body["program"] = tag
-            body["session_id"] = session_of(Prompt(text, tag=tag))
+            sid = session_of(Prompt(text, tag=tag))
+            if sid is not None:
+                body["session_id"] = sid
+                with self._lock:
+                    self._sessions.add(sid)
         return body
 
     @staticmethod

@@ -1,14 +1,18 @@
-"""Runs one program of SGLang's own frontend test file (``sglang/test/test_programs.py`` from the
-installed ``sglang`` wheel) against a server, in this process, and prints one JSON line:
-``{"test", "outcome", "detail", "http_errors"}``.
+"""Runs programs of SGLang's own frontend test file (``sglang/test/test_programs.py`` from the
+installed ``sglang`` wheel) against a server, concurrently in this process (one thread each,
+at most ``--parallel`` at once; the frontend is imported once), and prints one JSON line per
+program as it ends: ``{"test", "outcome", "detail"}``, then ``{"http_errors": [...]}``.
 
-``python sglang_programs.py URL TEST MODE``; ``MODE`` is ``sglang`` (SGLang's real frontend,
-``sgl.RuntimeEndpoint(URL)``) or ``agentlang`` (``sys.modules["sglang"] = agentlang``, its
-``RuntimeEndpoint(URL)``).
+``python sglang_programs.py URL MODE LIMIT_S TEST [TEST ...]``; ``MODE`` is ``sglang``
+(SGLang's real frontend, ``sgl.RuntimeEndpoint(URL)``) or ``agentlang``
+(``sys.modules["sglang"] = agentlang``, its ``RuntimeEndpoint(URL)``). A program still running
+after ``LIMIT_S`` seconds is reported as ``hang`` (SGLang's executor thread swallows a backend
+error and the program then waits forever) and the process exits without waiting for it.
 
 Outcomes: ``passed``; ``wrong_answer`` (an ``AssertionError`` about the content, allowed for a
 135M model); ``api_error`` (any HTTP status other than 200, or an exception from the client or
-the program). ``http_errors`` lists every non-200 answer the client got.
+the program). ``http_errors`` lists every non-200 answer the clients got (the threads share
+one client, so an error is reported for the run: any is a failure of the test).
 
 With SGLang's frontend the default backend is its ``Runtime`` attached to the running server
 (launching nothing) — its own test suite sets an ``sgl.Runtime``; its interpreter unwraps
@@ -111,11 +115,8 @@ def _agentlang_backend(url: str, http_errors: list) -> None:
     agentlang.global_config.default_backend = backend
 
 
-def main(url: str, test: str, mode: str) -> int:
-    http_errors: list = []
-    path = _programs_file()
-    (_sglang_backend if mode == "sglang" else _agentlang_backend)(url, http_errors)
-    fn = getattr(_load(path), test)
+def _one(module, test: str) -> dict:
+    fn = getattr(module, test)
     kwargs = {"check_answer": True} if test == "test_select" else {}
     try:
         fn(**kwargs)
@@ -124,12 +125,44 @@ def main(url: str, test: str, mode: str) -> int:
         outcome, detail = "wrong_answer", str(e)[:500]
     except Exception:  # noqa: BLE001 - reported to the test as an API error
         outcome, detail = "api_error", traceback.format_exc()[-2000:]
-    if http_errors and outcome != "api_error":
-        outcome = "api_error"
-    print(json.dumps({"test": test, "outcome": outcome, "detail": detail,
-                      "http_errors": http_errors}), flush=True)
-    return 0
+    return {"test": test, "outcome": outcome, "detail": detail}
+
+
+def main(url: str, mode: str, limit_s: str, *tests: str, parallel: int = 8) -> None:
+    import os
+    import time
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    http_errors: list = []
+    path = _programs_file()          # before agentlang mode puts itself in sys.modules
+    (_sglang_backend if mode == "sglang" else _agentlang_backend)(url, http_errors)
+    module = _load(path)
+    pool = ThreadPoolExecutor(parallel)
+    futures = {pool.submit(_one, module, t): t for t in tests}
+    started = {t: None for t in tests}
+    deadline_of = {}
+    pending = set(futures)
+    while pending:
+        now = time.monotonic()
+        for f in pending:
+            if f.running() and started[futures[f]] is None:
+                started[futures[f]] = now
+                deadline_of[f] = now + float(limit_s)
+        timeout = min((d for d in deadline_of.values()), default=now + 1) - now
+        done, pending = wait(pending, timeout=max(0.05, min(timeout, 1.0)),
+                             return_when=FIRST_COMPLETED)
+        for f in done:
+            print(json.dumps(f.result()), flush=True)
+        late = [f for f in pending if f in deadline_of and time.monotonic() > deadline_of[f]]
+        for f in late:
+            print(json.dumps({"test": futures[f], "outcome": "hang",
+                              "detail": f"over {limit_s} s"}), flush=True)
+            pending.discard(f)
+        for f in done | set(late):
+            deadline_of.pop(f, None)
+    print(json.dumps({"http_errors": http_errors}), flush=True)
+    os._exit(0)                     # a hung program's threads never end: do not wait for them
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    main(*sys.argv[1:])

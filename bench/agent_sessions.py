@@ -1,0 +1,251 @@
+"""Agents that pause on tools: sessions (retention) on vs off (plain LRU) vs vLLM CPU.
+
+Workload (seeded): ``--agents`` ReAct-style agents over HTTP (``POST /v1/chat/completions``,
+greedy, ``ignore_eos``), started together. Every agent shares one system prompt of about 1.5k
+tokens that describes the tools (their JSON definitions and the rules), has its own task of
+about 100 tokens, and runs ``--turns`` turns: each turn generates exactly 40 tokens (the tool
+call), then its tool "runs" for a seeded 0.5–4 s, then a 150-token observation is appended as
+the next user message. The tools are described in the system prompt rather than sent as
+``tools`` so that every server sees the same bytes and generates the same number of tokens.
+
+Pool sizes: ½ and ¼ of the peak total history of all agents (the shared prompt once, plus each
+agent's history at its last turn), in tokens: agentlang's ``--kv-budget-mb`` is that many
+tokens of its KV; vLLM's ``VLLM_CPU_KVCACHE_SPACE`` takes whole GiB only, so it gets the
+smallest whole GiB (reported: it holds more tokens than agentlang's pool, to vLLM's advantage).
+
+Reported per run: job completion time (an agent's first request to its last answer; mean,
+p99), prefill tokens computed (Σ prompt − cached over all requests, from each answer's
+``usage.prompt_tokens_details.cached_tokens``), *recomputed* prefill (computed minus the
+tokens no cache could have had: each turn's new tokens, the shared prompt once), and output
+tok/s. ``on``: each agent sends ``session_id: agent-<i>`` and closes its session at the end
+(``/close_session``); ``off``: no session fields.
+
+    python bench/agent_sessions.py [--quick] [--peers vllm]   # writes bench/results/agent_sessions.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.output import write_results  # noqa: E402
+from bench.peers import VLLM_PY, launch  # noqa: E402
+from bench.serve import stop_server  # noqa: E402
+from tests.support.cluster import free_port  # noqa: E402
+
+CALL_TOKENS, OBSERVATION_TOKENS, TASK_TOKENS, SYSTEM_TOKENS = 40, 150, 100, 1500
+TOOLS = [
+    {"name": "search", "description": "Search the web and return the top snippets.",
+     "parameters": {"type": "object", "properties": {
+         "query": {"type": "string"}, "k": {"type": "integer", "minimum": 1}},
+         "required": ["query"]}},
+    {"name": "read", "description": "Fetch a page and return its main text.",
+     "parameters": {"type": "object", "properties": {"url": {"type": "string"}},
+                    "required": ["url"]}},
+    {"name": "calculate", "description": "Evaluate an arithmetic expression.",
+     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                    "required": ["expression"]}},
+    {"name": "write_note", "description": "Append a note to the agent's scratchpad.",
+     "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                    "required": ["text"]}},
+]
+WORDS = ("river harbor ledger signal orbit copper meadow lantern quartz summit ember canyon "
+         "archive beacon cipher delta falcon garnet horizon island jasper kernel lagoon marble "
+         "nectar onyx prairie quiver raven saffron timber umber velvet willow zenith").split()
+
+
+def text_of(tok, seed: str, n: int, rng: random.Random) -> str:
+    """Seeded words trimmed to ``n`` tokens of ``tok``."""
+    words = [rng.choice(WORDS) for _ in range(n * 2)]
+    ids = tok.encode(seed + " " + " ".join(words), add_special_tokens=False)[:n]
+    return tok.decode(ids)
+
+
+def system_prompt(tok) -> str:
+    rules = ("You are a research agent. Think step by step. Call exactly one tool per turn by "
+             "writing its name and JSON arguments. Never invent observations. ")
+    head = "Tools:\n" + "\n".join(json.dumps(t) for t in TOOLS) + "\nRules: "
+    text, k = head, 0
+    while len(tok.encode(text, add_special_tokens=False)) < SYSTEM_TOKENS:
+        k += 1
+        text += f"({k}) " + rules
+    return tok.decode(tok.encode(text, add_special_tokens=False)[:SYSTEM_TOKENS])
+
+
+def plan(tok, agents: int, turns: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    return {"system": system_prompt(tok),
+            "tasks": [text_of(tok, f"Task {i}:", TASK_TOKENS, rng) for i in range(agents)],
+            "observations": [[text_of(tok, "Observation:", OBSERVATION_TOKENS, rng)
+                              for _ in range(turns)] for _ in range(agents)],
+            "sleeps": [[rng.uniform(0.5, 4.0) for _ in range(turns)] for _ in range(agents)]}
+
+
+def peak_history_tokens(tok, p: dict, turns: int) -> int:
+    per_agent = [len(tok.encode(t, add_special_tokens=False)) + turns * CALL_TOKENS
+                 + (turns - 1) * OBSERVATION_TOKENS for t in p["tasks"]]
+    return SYSTEM_TOKENS + sum(per_agent)
+
+
+async def run_agents(url: str, model: str, p: dict, turns: int, sessions: bool) -> dict:
+    limits = httpx.Limits(max_connections=len(p["tasks"]) + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as c:
+        async def agent(i: int) -> dict:
+            messages = [{"role": "system", "content": p["system"]},
+                        {"role": "user", "content": p["tasks"][i]}]
+            t0, prompts, cached, out = time.perf_counter(), [], [], 0
+            for k in range(turns):
+                body = {"model": model, "messages": messages, "max_tokens": CALL_TOKENS,
+                        "temperature": 0, "ignore_eos": True}
+                if sessions:
+                    body["session_id"] = f"agent-{i}"
+                r = await c.post("/v1/chat/completions", json=body)
+                r.raise_for_status()
+                res = r.json()
+                u = res["usage"]
+                prompts.append(u["prompt_tokens"])
+                cached.append((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+                out += u["completion_tokens"]
+                if k == turns - 1:
+                    break
+                messages += [{"role": "assistant",
+                              "content": res["choices"][0]["message"]["content"] or ""},
+                             {"role": "user", "content": p["observations"][i][k]}]
+                await asyncio.sleep(p["sleeps"][i][k])
+            done = time.perf_counter()
+            if sessions:
+                await c.post("/close_session", json={"session_id": f"agent-{i}"})
+            return {"jct": done - t0, "prompts": prompts, "cached": cached, "out": out}
+
+        t0 = time.perf_counter()
+        agents = await asyncio.gather(*[agent(i) for i in range(len(p["tasks"]))])
+        wall = time.perf_counter() - t0
+    return summarize(agents, wall)
+
+
+def summarize(agents: list[dict], wall: float) -> dict:
+    jcts = sorted(a["jct"] for a in agents)
+    computed = sum(pt - ct for a in agents for pt, ct in zip(a["prompts"], a["cached"]))
+    # tokens no cache could hold: the shared prompt once, each agent's first-turn rest, and
+    # each later turn's growth (previous answer + observation)
+    fresh = SYSTEM_TOKENS
+    for a in agents:
+        fresh += a["prompts"][0] - SYSTEM_TOKENS
+        fresh += sum(b - prev for prev, b in zip(a["prompts"], a["prompts"][1:]))
+    out = sum(a["out"] for a in agents)
+    return {"jct_mean_s": statistics.mean(jcts),
+            "jct_p99_s": jcts[min(len(jcts) - 1, math.ceil(0.99 * len(jcts)) - 1)],
+            "prefill_computed_tokens": computed,
+            "prefill_recomputed_tokens": max(0, computed - fresh),
+            "output_tok_s": out / wall, "wall_s": wall, "output_tokens": out}
+
+
+def start_agentlang(tokens: int, args) -> object:
+    bytes_per_token = 2 * 3 * 64 * 30 * (4 if args.dtype == "float32" else 2)   # SmolLM2-135M
+    mb = tokens * bytes_per_token / 2**20
+    port = free_port()
+    cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
+           "--dtype", args.dtype, "--weights", "auto", "--kv-budget-mb", f"{mb:.3f}",
+           "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning"]
+    return launch(f"agentlang ({args.dtype})", cmd, port, "default", cwd=ROOT)
+
+
+def start_vllm(tokens: int, args) -> tuple[object, int]:
+    from agentlang.runtime.weights.model_loader import resolve_model
+
+    gib = max(1, math.ceil(tokens * 2 * 3 * 64 * 30 * 2 / 2**30))
+    port = free_port()
+    cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model",
+           str(resolve_model("default", "dense").path), "--served-model-name", "default",
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+           "--enable-prefix-caching", "--enable-prompt-tokens-details", "--max-num-seqs", "64",
+           "--max-num-batched-tokens", "2048", "--max-model-len", "4096"]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+           "VLLM_CPU_KVCACHE_SPACE": str(gib)}
+    return launch("vLLM CPU", cmd, port, "default", env), gib
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fractions", type=float, nargs="*", default=[0.5, 0.25])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--peers", nargs="*", default=[], choices=["vllm"])
+    ap.add_argument("--quick", action="store_true", help="8 agents, 3 turns, one pool size")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.quick:
+        args.agents, args.turns, args.fractions = 8, 3, [0.25]
+    if "vllm" in args.peers and not VLLM_PY.exists():
+        sys.exit(f"missing {VLLM_PY}: run bench/install_peers.sh first")
+    from transformers import AutoTokenizer
+
+    from agentlang.runtime.weights.model_loader import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("default", "dense").path)
+    p = plan(tok, args.agents, args.turns, args.seed)
+    peak = peak_history_tokens(tok, p, args.turns)
+    print(f"{args.agents} agents x {args.turns} turns, peak total history {peak} tokens",
+          flush=True)
+    res: dict = {}
+    for frac in args.fractions:
+        tokens = int(peak * frac)
+        row = res[f"pool {frac:g}"] = {"pool_tokens": tokens}
+        for mode in ("off", "on"):
+            server = start_agentlang(tokens, args)
+            try:
+                row[f"agentlang sessions {mode}"] = r = asyncio.run(
+                    run_agents(server.url, server.model, p, args.turns, mode == "on"))
+            finally:
+                stop_server(server.proc)
+            _print(f"pool {frac:g} agentlang {mode}", r)
+        if "vllm" in args.peers:
+            server, gib = start_vllm(tokens, args)
+            try:
+                row["vllm"] = r = asyncio.run(run_agents(server.url, server.model, p,
+                                                         args.turns, False))
+                row["vllm_kv_gib"] = gib
+            finally:
+                stop_server(server.proc)
+            _print(f"pool {frac:g} vLLM", r)
+        on, off = row["agentlang sessions on"], row["agentlang sessions off"]
+        row["on_vs_off"] = {
+            "recomputed_share": on["prefill_recomputed_tokens"]
+            / max(1, off["prefill_recomputed_tokens"]),
+            "jct_mean_speedup": off["jct_mean_s"] / on["jct_mean_s"]}
+        if "vllm" in row:
+            row["on_vs_vllm_jct_mean_speedup"] = row["vllm"]["jct_mean_s"] / on["jct_mean_s"]
+        print(f"  pool {frac:g}: on/off {row['on_vs_off']}", flush=True)
+    result = {"machine": f"{os.cpu_count()}-core {platform.machine()}, one server at a time",
+              "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, weights auto)",
+              "command": "python bench/agent_sessions.py " + " ".join(sys.argv[1:]),
+              "workload": {"agents": args.agents, "turns": args.turns, "seed": args.seed,
+                           "peak_history_tokens": peak},
+              "results": res}
+    print("wrote", write_results("agent_sessions", result, args.out, args.quick))
+
+
+def _print(name: str, r: dict) -> None:
+    print(f"  {name}: JCT mean {r['jct_mean_s']:.1f} s p99 {r['jct_p99_s']:.1f} s, prefill "
+          f"computed {r['prefill_computed_tokens']} recomputed {r['prefill_recomputed_tokens']}"
+          f", {r['output_tok_s']:.1f} out tok/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
