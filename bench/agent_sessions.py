@@ -113,7 +113,8 @@ async def run_agents(url: str, model: str, p: dict, turns: int, sessions: bool) 
                 if sessions:
                     body["session_id"] = f"agent-{i}"
                 r = await c.post("/v1/chat/completions", json=body)
-                r.raise_for_status()
+                if r.status_code != 200:
+                    raise RuntimeError(f"agent {i} turn {k}: HTTP {r.status_code}: {r.text[:400]}")
                 res = r.json()
                 u = res["usage"]
                 prompts.append(u["prompt_tokens"])
@@ -150,7 +151,8 @@ def summarize(agents: list[dict], wall: float) -> dict:
             "jct_p99_s": jcts[min(len(jcts) - 1, math.ceil(0.99 * len(jcts)) - 1)],
             "prefill_computed_tokens": computed,
             "prefill_recomputed_tokens": max(0, computed - fresh),
-            "output_tok_s": out / wall, "wall_s": wall, "output_tokens": out}
+            "output_tok_s": out / wall, "wall_s": wall, "output_tokens": out,
+            "per_agent": [{"prompts": a["prompts"], "cached": a["cached"]} for a in agents]}
 
 
 def start_agentlang(tokens: int, args) -> object:
@@ -159,7 +161,8 @@ def start_agentlang(tokens: int, args) -> object:
     port = free_port()
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
            "--dtype", args.dtype, "--weights", "auto", "--kv-budget-mb", f"{mb:.3f}",
-           "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning"]
+           "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning",
+           "--session-max-fraction", str(args.session_max_fraction)]
     return launch(f"agentlang ({args.dtype})", cmd, port, "default", cwd=ROOT)
 
 
@@ -187,11 +190,12 @@ def main() -> None:
     ap.add_argument("--fractions", type=float, nargs="*", default=[0.5, 0.25])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--peers", nargs="*", default=[], choices=["vllm"])
-    ap.add_argument("--quick", action="store_true", help="8 agents, 3 turns, one pool size")
+    ap.add_argument("--session-max-fraction", type=float, default=0.8)
+    ap.add_argument("--quick", action="store_true", help="8 agents, 3 turns, pool 1/2")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.quick:
-        args.agents, args.turns, args.fractions = 8, 3, [0.25]
+        args.agents, args.turns, args.fractions = 8, 3, [0.5]
     if "vllm" in args.peers and not VLLM_PY.exists():
         sys.exit(f"missing {VLLM_PY}: run bench/install_peers.sh first")
     from transformers import AutoTokenizer

@@ -9,9 +9,11 @@ typically in a tool call — and given back when the first of these happens:
 * ``replaced`` — the key finished another turn (its newer hold replaces this one);
 * ``closed`` — the session closed;
 * ``expired`` — the hold's time-to-live ran out (a client that never returns costs its TTL);
-* ``pressure`` — a request needs pages that only released holds can give: holds never make a
-  request wait or be preempted (the scheduler releases them first, see
-  :meth:`Retention.release_for_pages`);
+* ``pressure`` — a request needs pages that only released holds can give: a running request
+  (it is never preempted for a hold), a waiting one that outranks the hold's turn (a higher
+  priority never waits for protected pages), or any waiting one when nothing runs (no one
+  would make progress); an equal- or lower-priority arrival waits while others run, which is
+  what keeps a paused agent's history (:meth:`Retention.release_for_pages`);
 * ``cap`` — holding a new history would put more than ``max_pages`` pages under holds;
 * ``flushed`` — the cache is being flushed (``Engine.flush_cache``: every hold goes).
 
@@ -45,6 +47,7 @@ class Hold:
     expires: float
     expected_back: float           # when the key is expected to continue
     pages: int                     # pages on the node's path (the history it keeps)
+    rank: int = 0                  # the finished turn's priority rank (higher first)
 
 
 @dataclass
@@ -69,17 +72,18 @@ class Retention:
 
     # ---- taking and giving back ----------------------------------------------------------
     def hold(self, key: Hashable, node: TreeNode, now: float, ttl: float,
-             expected_gap: float | None = None) -> bool:
+             expected_gap: float | None = None, rank: int = 0) -> bool:
         """Hold ``node`` (and its ancestors) for ``key`` until ``now + ttl``; replaces the key's
         previous hold. ``expected_gap``: seconds until the key is expected to continue (default:
-        its mean observed pause, else ``ttl / 2``). Returns False when nothing is held (a root
+        its mean observed pause, else ``ttl / 2``); ``rank``: the turn's priority rank.
+        Returns False when nothing is held (a root
         node, ``ttl <= 0``, or a history larger than the cap)."""
         self.release(key, "replaced")
         pages = _path_pages(node)
         if node.parent is None or ttl <= 0 or pages > self.max_pages:
             return False
         gap = expected_gap if expected_gap is not None else self._gaps.get(key, ttl / 2)
-        h = Hold(key, node, now, now + ttl, now + min(gap, ttl), pages)
+        h = Hold(key, node, now, now + ttl, now + min(gap, ttl), pages, rank)
         self.cache.lock(node)
         self._holds[key] = h
         self._by_node.setdefault(id(node), []).append(h)
@@ -141,10 +145,11 @@ class Retention:
             self._release(h, reason)
         return len(holds)
 
-    def release_for_pages(self) -> bool:
-        """Pages are short: release the hold expected back last (``pressure``). False when no
-        hold is left. The caller evicts and retries, releasing more while it must."""
-        h = self._furthest()
+    def release_for_pages(self, below_rank: int | None = None) -> bool:
+        """Pages are short: release the hold expected back last (``pressure``), among those of
+        rank below ``below_rank`` (None: any). False when there is none. The caller evicts and
+        retries, releasing more while it must."""
+        h = self._furthest(below_rank=below_rank)
         if h is None:
             return False
         self._release(h, "pressure")
@@ -188,8 +193,10 @@ class Retention:
             self.cache.unlock(h.node)
         self.stats.released[reason] += 1
 
-    def _furthest(self, exclude: Hold | None = None) -> Hold | None:
-        cands = [h for h in self._holds.values() if h is not exclude]
+    def _furthest(self, exclude: Hold | None = None,
+                  below_rank: int | None = None) -> Hold | None:
+        cands = [h for h in self._holds.values() if h is not exclude
+                 and (below_rank is None or h.rank < below_rank)]
         if not cands:
             return None
         return max(cands, key=lambda h: (h.expected_back, h.pages))

@@ -47,7 +47,7 @@ class EngineConfig:
     # most this long; session holds keep at most this share of the pool; idle timeout default
     max_sessions: int = 1024
     session_hold_s: float = 30.0
-    session_max_fraction: float = 0.5
+    session_max_fraction: float = 0.8
     session_timeout_s: float | None = 600.0
 
     def validate(self) -> None:

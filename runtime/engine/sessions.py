@@ -10,7 +10,7 @@ TTL rule: ``min(session timeout, hold_s)`` (``EngineConfig.session_hold_s``, def
 Holding costs other requests nothing while pages are free, and once they are short the
 scheduler releases holds before any request waits or is preempted; so the TTL only bounds
 what a client that never returns keeps (and the cap, ``EngineConfig.session_max_fraction`` of
-the pool, what all of them keep together).
+the pool, default 0.8, what all of them keep together).
 
 Caller threads: :meth:`open`, :meth:`close`, :meth:`turn_prompt`. The stepping thread:
 :meth:`finished` (from the output processor) and :meth:`tick` (every step).

@@ -130,11 +130,12 @@ class Scheduler:
         """Hold the finished ``req``'s computed KV in the cache for ``key`` (retention)."""
         tokens = TokenKey.trusted(req.all_ids[: req.num_computed])
         node = self.cache.match_prefix(tokens, req.group.namespace, record=False).node
-        return self.retention.hold(key, node, now, ttl)
+        return self.retention.hold(key, node, now, ttl, rank=self.policy.rank(req.priority))
 
     def _reserve(self, req: Request, n: int, can_preempt: bool) -> bool:
         """Reserve pages for ``n`` more tokens of ``req``: evict from the cache, release
-        session holds (they never make a request wait), then (if allowed) preempt the policy's victim (lowest priority, newest) — possibly ``req``
+        session holds (for a running request; for an admission those of lower rank, or any
+        when nothing runs), then (if allowed) preempt the policy's victim (lowest priority, newest) — possibly ``req``
         itself. False if ``req`` got no pages (then it may have been preempted)."""
         while True:
             try:
@@ -145,7 +146,9 @@ class Scheduler:
                     - len(req.page_table.pages) + 1
                 if self.cache.evict(max(need - self.allocator.num_free, 1)) > 0:
                     continue
-                if self.retention.release_for_pages():
+                below = None if can_preempt or not self.running else \
+                    self.policy.rank(req.priority)
+                if self.retention.release_for_pages(below):
                     continue
                 if not can_preempt or len(self.running) <= 1:
                     return False

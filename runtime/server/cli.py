@@ -24,7 +24,8 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ENGINE_FLAGS = ("page_size", "kv_budget_mb", "max_batch_tokens", "max_running",
                 "grammar_backend", "dtype", "kv_dtype", "schedule_low_priority_values_first",
                 "max_wait_steps", "max_lower_priority_tokens", "urgent_slots", "weights",
-                "speculative", "speculative_max_draft", "speculative_row_cost")
+                "speculative", "speculative_max_draft", "speculative_row_cost",
+                "max_sessions", "session_hold_s", "session_max_fraction", "session_timeout_s")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -72,6 +73,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="what one more row of a step costs relative to a one-row step, in "
                         "(0, 1]: the draft-length policy's model (default 0.35, measured on 2 "
                         "AVX2 cores by bench/speculative.py)")
+    p.add_argument("--max-sessions", type=int, default=None,
+                   help="most sessions open at once (/open_session, session_id; default 1024)")
+    p.add_argument("--session-hold-s", type=float, default=None,
+                   help="seconds a finished session turn's KV is held for its next turn at "
+                        "most (default 30; 0: sessions keep nothing)")
+    p.add_argument("--session-max-fraction", type=float, default=None,
+                   help="share of the KV pool session holds may keep, in [0, 1] (default 0.8)")
+    p.add_argument("--session-timeout-s", type=float, default=None,
+                   help="idle seconds after which a session closes itself (default 600)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--served-model-name", default=None,

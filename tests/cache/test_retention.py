@@ -143,3 +143,16 @@ def test_bad_input():
     assert not ret.hold("k", root, now=0.0, ttl=5.0)      # nothing cached: nothing to hold
     assert not ret.release("missing", "closed")
     assert set(ret.stats.released) == set(REASONS)
+
+
+def test_pressure_from_an_admission_releases_only_lower_ranked_holds():
+    _, cache, ret = make()
+    low, high = finish(cache, history(1)), finish(cache, history(2))
+    ret.hold("low", low, now=0.0, ttl=60.0, expected_gap=1.0, rank=0)
+    ret.hold("high", high, now=0.0, ttl=60.0, expected_gap=50.0, rank=5)
+    assert not ret.release_for_pages(below_rank=0)        # an equal rank waits
+    assert ret.release_for_pages(below_rank=5)            # outranks "low" only
+    assert ret.held("low") is None and ret.held("high") is not None
+    assert not ret.release_for_pages(below_rank=5)
+    assert ret.release_for_pages()                        # a running request: any hold
+    assert len(ret) == 0

@@ -56,3 +56,36 @@ def al_params(**kw):
     from agentlang.runtime import SamplingParams
 
     return SamplingParams(temperature=0, **kw)
+
+
+def test_endpoint_runs_without_a_session_when_the_server_is_at_its_limit(model_path):
+    import json
+
+    import httpx
+
+    calls = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        calls.append((request.url.path, body))
+        if request.url.path == "/get_model_info":
+            return httpx.Response(200, json={"model_path": str(model_path),
+                                             "tokenizer_path": str(model_path)})
+        if request.url.path == "/close_session":
+            return httpx.Response(404, json={"error": {"message": "no open session"}})
+        if "session_id" in body:
+            return httpx.Response(429, json={"error": {"message": "1024 sessions are open"}})
+        return httpx.Response(200, json={"text": "fine", "output_ids": [1],
+                                         "meta_info": {"finish_reason": {"type": "stop"}}})
+
+    backend = al.RuntimeEndpoint("http://fake", transport=httpx.MockTransport(server))
+
+    @al.function
+    def prog(s):
+        s += "Hello " + al.gen("x", max_tokens=4)
+
+    st = prog.run(backend=backend)
+    assert st["x"] == "fine"
+    gens = [b for p, b in calls if p == "/generate"]
+    assert [("session_id" in b) for b in gens] == [True, False]    # refused, then retried
+    assert calls[-1][0] == "/close_session"                          # best effort, no error

@@ -89,6 +89,21 @@ def test_page_follows_prefix_workload_and_fork_program(server, http, tmp_path):
         assert [codes.count(c) for c in "0123"] == [
             m["agentlang_kv_pages_free"], m["agentlang_kv_pages_cache_only"],
             m["agentlang_kv_pages_private"], m["agentlang_kv_pages_shared"]]
+
+        # a session that ended a turn shows what it holds for its next one; closed, it is gone
+        r = httpx.post(server.url + "/generate", timeout=120, json={
+            "text": SHARED_PREFIX, "session_id": "dash-agent",
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        wait_js(page, "document.querySelector('#sessions tr.held[data-session=\"dash-agent\"]')"
+                " !== null", 30)
+        held = page.inner_text('#sessions tr[data-session="dash-agent"]').split("\t")
+        assert int(held[2]) == metrics(http)[
+            "agentlang_session_held_pages_by_session[('session', 'dash-agent')]"] > 0
+        page.screenshot(path=str(shots / "session.png"), full_page=True)
+        httpx.post(server.url + "/close_session", json={"session_id": "dash-agent"})
+        wait_js(page, "document.querySelector('#sessions tr[data-session=\"dash-agent\"]')"
+                " === null", 30)
     assert (shots / "running.png").stat().st_size > 10_000
 
 

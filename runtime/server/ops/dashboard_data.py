@@ -28,6 +28,8 @@ POOL_SERIES = {
     "preemptions": ("preemptions", "agentlang_preemptions_total"),
     "evicted_pages": ("evictions", "agentlang_kv_evicted_pages_total"),
     "cow_copies": ("cow_copies", "agentlang_cow_copies_total"),
+    "sessions": ("sessions_open", "agentlang_sessions_open"),
+    "session_held": ("session_held_pages", "agentlang_kv_pages_session_held"),
 }
 
 
@@ -51,6 +53,7 @@ def build(snap: EngineSnapshot, tokenizer, programs: ProgramTracker, series: dic
         "evictions": [{"time": e.time, "tokens": e.tokens, "parent": e.parent_id,
                        "namespace": namespace_label(e.namespace)} for e in snap.evictions],
         "requests": [r.as_dict() for r in snap.requests],
+        "sessions": [r.as_dict() for r in snap.sessions],
         "programs": programs.graphs(running, waiting),
         "series": series,
     }

@@ -67,6 +67,7 @@
     renderEvictions(d.evictions);
     renderPool(d.pool);
     renderRequests(d.requests, d.pool.figures);
+    renderSessions(d.sessions, d.pool.figures);
     renderPrograms(d.programs);
     renderSeries(d.series);
   }
@@ -243,6 +244,21 @@
     $("no-requests").hidden = reqs.length > 0;
     $("req-summary").textContent = `${figures.running} running · ${figures.waiting} waiting · ` +
       `${figures.preemptions} preemptions · hit rate ${fmt(100 * figures.hit_rate, 1)} %`;
+  }
+
+  // ---- sessions: what each keeps for its next turn ------------------------------------------
+  function renderSessions(rows, figures) {
+    const body = $("sessions").tBodies[0];
+    body.replaceChildren(...rows.map((r) => {
+      const tr = el("tr", { "data-session": r.id, class: r.held_pages ? "held" : "" });
+      tr.append(el("td", {}, r.id), el("td", {}, r.turns), el("td", {}, r.held_pages),
+        el("td", {}, r.hold_expires_s === null ? "–" : fmt(r.hold_expires_s, 1) + " s"),
+        el("td", {}, fmt(r.idle_s, 1) + " s"));
+      return tr;
+    }));
+    $("no-sessions").hidden = rows.length > 0;
+    $("sess-summary").textContent = `${figures.sessions} open · ${figures.session_held} pages ` +
+      "held for their next turn";
   }
 
   // ---- programs: fork/join graphs ----------------------------------------------------------
