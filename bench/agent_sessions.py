@@ -191,6 +191,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--peers", nargs="*", default=[], choices=["vllm"])
     ap.add_argument("--session-max-fraction", type=float, default=0.8)
+    ap.add_argument("--modes", nargs="*", default=["off", "on"], choices=["off", "on"],
+                    help="agentlang runs (none: the peers only)")
     ap.add_argument("--quick", action="store_true", help="8 agents, 3 turns, pool 1/2")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -211,7 +213,7 @@ def main() -> None:
     for frac in args.fractions:
         tokens = int(peak * frac)
         row = res[f"pool {frac:g}"] = {"pool_tokens": tokens}
-        for mode in ("off", "on"):
+        for mode in args.modes:
             server = start_agentlang(tokens, args)
             try:
                 row[f"agentlang sessions {mode}"] = r = asyncio.run(
@@ -228,14 +230,15 @@ def main() -> None:
             finally:
                 stop_server(server.proc)
             _print(f"pool {frac:g} vLLM", r)
-        on, off = row["agentlang sessions on"], row["agentlang sessions off"]
-        row["on_vs_off"] = {
-            "recomputed_share": on["prefill_recomputed_tokens"]
-            / max(1, off["prefill_recomputed_tokens"]),
-            "jct_mean_speedup": off["jct_mean_s"] / on["jct_mean_s"]}
-        if "vllm" in row:
+        on, off = row.get("agentlang sessions on"), row.get("agentlang sessions off")
+        if on and off:
+            row["on_vs_off"] = {
+                "recomputed_share": on["prefill_recomputed_tokens"]
+                / max(1, off["prefill_recomputed_tokens"]),
+                "jct_mean_speedup": off["jct_mean_s"] / on["jct_mean_s"]}
+            print(f"  pool {frac:g}: on/off {row['on_vs_off']}", flush=True)
+        if on and "vllm" in row:
             row["on_vs_vllm_jct_mean_speedup"] = row["vllm"]["jct_mean_s"] / on["jct_mean_s"]
-        print(f"  pool {frac:g}: on/off {row['on_vs_off']}", flush=True)
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()}, one server at a time",
               "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, weights auto)",
               "command": "python bench/agent_sessions.py " + " ".join(sys.argv[1:]),
