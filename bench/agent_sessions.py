@@ -10,8 +10,9 @@ the next user message. The tools are described in the system prompt rather than 
 
 Pool sizes: ½ and ¼ of the peak total history of all agents (the shared prompt once, plus each
 agent's history at its last turn), in tokens: agentlang's ``--kv-budget-mb`` is that many
-tokens of its KV; vLLM's ``VLLM_CPU_KVCACHE_SPACE`` takes whole GiB only, so it gets the
-smallest whole GiB (reported: it holds more tokens than agentlang's pool, to vLLM's advantage).
+tokens of its KV; vLLM gets the same number of tokens as ``--kv-cache-memory-bytes`` (its CPU
+worker's explicit KV size, in bf16; ``VLLM_CPU_KVCACHE_SPACE`` is left unset: it takes whole GiB
+only).
 
 Reported per run: job completion time (an agent's first request to its last answer; mean,
 p99), prefill tokens computed (Σ prompt − cached over all requests, from each answer's
@@ -169,16 +170,16 @@ def start_agentlang(tokens: int, args) -> object:
 def start_vllm(tokens: int, args) -> tuple[object, int]:
     from agentlang.runtime.weights.model_loader import resolve_model
 
-    gib = max(1, math.ceil(tokens * 2 * 3 * 64 * 30 * 2 / 2**30))
+    kv_bytes = tokens * 2 * 3 * 64 * 30 * 2             # bf16 K and V of SmolLM2-135M
     port = free_port()
     cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model",
            str(resolve_model("default", "dense").path), "--served-model-name", "default",
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
            "--enable-prefix-caching", "--enable-prompt-tokens-details", "--max-num-seqs", "64",
-           "--max-num-batched-tokens", "2048", "--max-model-len", "4096"]
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-           "VLLM_CPU_KVCACHE_SPACE": str(gib)}
-    return launch("vLLM CPU", cmd, port, "default", env), gib
+           "--max-num-batched-tokens", "2048", "--max-model-len", "4096",
+           "--kv-cache-memory-bytes", str(kv_bytes)]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    return launch("vLLM CPU", cmd, port, "default", env), kv_bytes
 
 
 def main() -> None:
@@ -222,11 +223,11 @@ def main() -> None:
                 stop_server(server.proc)
             _print(f"pool {frac:g} agentlang {mode}", r)
         if "vllm" in args.peers:
-            server, gib = start_vllm(tokens, args)
+            server, kv_bytes = start_vllm(tokens, args)
             try:
                 row["vllm"] = r = asyncio.run(run_agents(server.url, server.model, p,
                                                          args.turns, False))
-                row["vllm_kv_gib"] = gib
+                row["vllm_kv_bytes"] = kv_bytes
             finally:
                 stop_server(server.proc)
             _print(f"pool {frac:g} vLLM", r)
