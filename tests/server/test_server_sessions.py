@@ -133,3 +133,30 @@ def test_sessions_are_invisible_across_salts(http):
     assert http.post("/close_session", json={"session_id": sid}).status_code == 404
     assert http.post("/close_session", json={"session_id": sid,
                                              "cache_salt": "tenant-a"}).status_code == 200
+
+
+def test_sglangs_own_client_drives_a_session(server, http):
+    """SGLang's ``Runtime.generate(..., session_id=...)`` (its client's session field), attached
+    to this server: the first turn's KV is held and the next turn finds it."""
+    import json
+
+    pytest.importorskip("sglang", reason="the sglang frontend is installed by `make install`")
+    from sglang.lang.backend.runtime_endpoint import Runtime
+
+    class Attached(Runtime):
+        def __init__(self, url):           # launches nothing: the server is running
+            self.url, self.generate_url, self.pid = url, url + "/generate", None
+
+        def shutdown(self):
+            pass
+
+    rt = Attached(server.url)
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    task = SYSTEM + "Task: compare two routes."
+    first = json.loads(rt.generate(task, params, session_id="sgl-client"))
+    key = "agentlang_session_held_pages_by_session[('session', 'sgl-client')]"
+    assert metrics(http)[key] > 0
+    second = json.loads(rt.generate(task + first["text"] + " Observation: both closed.", params,
+                                    session_id="sgl-client"))
+    assert second["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"] // 16 * 16
+    assert http.post("/close_session", json={"session_id": "sgl-client"}).status_code == 200
