@@ -44,9 +44,14 @@ class Prompt(NamedTuple):
     #                                   that show programs (our dashboard) read it, others ignore
 
 
-def session_of(prompt: Prompt) -> str | None:
-    """The session of the program run asking (``None`` for a prompt without a run tag)."""
-    return f"run-{prompt.tag['id']}" if prompt.tag and prompt.tag.get("id") else None
+def run_session(run_id: str) -> str:
+    """The session id of program run ``run_id``."""
+    return f"run-{run_id}"
+
+
+def session_of(tag: dict | None) -> str | None:
+    """The session of the program run a ``Prompt.tag`` names (``None`` without a run tag)."""
+    return run_session(tag["id"]) if tag and tag.get("id") else None
 
 
 class GenResult(NamedTuple):

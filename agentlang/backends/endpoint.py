@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt, session_of
+from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt, run_session, session_of
 from agentlang.chat_template import ChatTemplate, derive_chat_template
 from agentlang.runtime.sampling.fields import to_sglang
 from agentlang.sampling import SamplingOptions
@@ -142,7 +142,7 @@ class RuntimeEndpoint(Backend):
     def end_run(self, run_id: str) -> None:
         """Close the run's session (best effort: a server without it answers 404, SGLang's
         200; neither is an error of the program)."""
-        sid = f"run-{run_id}"
+        sid = run_session(run_id)
         with self._lock:
             if sid not in self._sessions:
                 return                    # the run generated nothing: no session to close
@@ -244,7 +244,7 @@ class RuntimeEndpoint(Backend):
             body["return_text_in_logprobs"] = True
         if tag is not None:
             body["program"] = tag
-            sid = session_of(Prompt(text, tag=tag))
+            sid = session_of(tag)
             if sid is not None:
                 body["session_id"] = sid
                 with self._lock:

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt, session_of
+from agentlang.backends.base import Backend, Capabilities, GenDelta, GenResult, Prompt, run_session, session_of
 from agentlang.chat_template import ChatTemplate, derive_chat_template
 from agentlang.sampling import SamplingOptions
 
@@ -75,14 +75,14 @@ class Runtime(Backend):
             yield GenDelta(d.text, self._result(d.output) if d.output is not None else None)
 
     def end_run(self, run_id: str) -> None:
-        self.engine.sessions.close(f"run-{run_id}")
+        self.engine.sessions.close(run_session(run_id))
 
     def _params(self, prompt: Prompt, opts: SamplingOptions) -> Any:
         """The engine's parameters in the run's session; without one when the engine's
         session limit is reached (the run then uses the plain LRU cache, never refused)."""
         from agentlang.runtime.session.session import SessionError
 
-        session = session_of(prompt)
+        session = session_of(prompt.tag)
         if session is not None:
             try:
                 self.engine.sessions.ensure(session)

@@ -28,7 +28,7 @@ release never loses KV by itself. Stepping thread only (or under the engine's st
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 
 from agentlang.runtime.cache.radix_cache import RadixCache
@@ -52,7 +52,6 @@ class Hold:
 
 @dataclass
 class RetentionStats:
-    holds: int = 0                                  # holds ever taken
     released: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
 
 
@@ -87,7 +86,6 @@ class Retention:
         self.cache.lock(node)
         self._holds[key] = h
         self._by_node.setdefault(id(node), []).append(h)
-        self.stats.holds += 1
         self._next_expiry = min(self._next_expiry, h.expires)
         while self.held_pages() > self.max_pages:
             self._release(self._furthest(exclude=h), "cap")
@@ -99,19 +97,16 @@ class Retention:
         the request covers that history) and each key's pause is remembered for its next
         expected-resume estimate. Returns how many were released."""
         released = 0
-        while node is not None and node.parent is not None:
-            for h in self._by_node.get(id(node), ()):
+        for n in _path(node):
+            for h in list(self._by_node.get(id(n), ())):
                 pause = max(0.0, now - h.created)
-                old = self._gaps.get(h.key)
-                self._gaps.pop(h.key, None)
+                old = self._gaps.pop(h.key, None)         # re-inserted last: newest remembered
                 self._gaps[h.key] = pause if old is None else \
                     GAP_MEMORY * pause + (1 - GAP_MEMORY) * old
                 if len(self._gaps) > MAX_KEYS_REMEMBERED:
                     del self._gaps[next(iter(self._gaps))]
-                released += 1
-            for h in list(self._by_node.get(id(node), ())):
                 self._release(h, "continued")
-            node = node.parent
+                released += 1
         return released
 
     def release(self, key: Hashable, reason: str) -> bool:
@@ -175,11 +170,9 @@ class Retention:
         count: dict[int, int] = {}
         nodes: dict[int, TreeNode] = {}
         for h in self._holds.values():
-            n = h.node
-            while n is not None and n.parent is not None:
+            for n in _path(h.node):
                 count[id(n)] = count.get(id(n), 0) + 1
                 nodes[id(n)] = n
-                n = n.parent
         return sum(len(n.pages) for i, n in nodes.items() if n.lock_ref == count[i])
 
     # ---- internals ---------------------------------------------------------------------
@@ -206,17 +199,20 @@ class Retention:
         seen: set[int] = set()
         done: set[int] = set()
         for h in holds:
-            n = h.node
-            while n is not None and n.parent is not None and id(n) not in done:
+            for n in _path(h.node):
+                if id(n) in done:
+                    break                       # the rest of this path is counted already
                 done.add(id(n))
                 seen.update(n.pages)
-                n = n.parent
         return seen
 
 
-def _path_pages(node: TreeNode) -> int:
-    pages = 0
-    while node is not None:
-        pages += len(node.pages)
+def _path(node: TreeNode) -> Iterator[TreeNode]:
+    """``node`` and its ancestors below the namespace root, deepest first."""
+    while node is not None and node.parent is not None:
+        yield node
         node = node.parent
-    return pages
+
+
+def _path_pages(node: TreeNode) -> int:
+    return sum(len(n.pages) for n in _path(node))

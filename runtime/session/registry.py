@@ -50,8 +50,6 @@ class SessionRegistry:
         self.default_timeout = check_timeout(default_timeout, "default_timeout")
         self._sessions: dict[tuple[Hashable, str], Session] = {}
         self.lock = threading.Lock()       # guards the sessions and their turns
-        self.opened = 0
-        self.closed = 0
 
     def open(self, namespace: Hashable, session_id: str | None = None,
              capacity: int | None = None, timeout: float | None = None) -> Session:
@@ -74,7 +72,6 @@ class SessionRegistry:
                                    "server's limit): close one first", status=429)
             s = Session(sid, namespace, capacity, timeout, time.monotonic())
             self._sessions[(namespace, sid)] = s
-            self.opened += 1
             return s
 
     def ensure(self, namespace: Hashable, session_id: str) -> Session:
@@ -112,17 +109,13 @@ class SessionRegistry:
     def close(self, namespace: Hashable, session_id: str) -> Session | None:
         """Remove the session; returns it (None if it was not open)."""
         with self.lock:
-            s = self._sessions.pop((namespace, session_id), None)
-            self.closed += s is not None
-            return s
+            return self._sessions.pop((namespace, session_id), None)
 
     def reap(self, now: float) -> list[Session]:
         """Close and return the sessions idle past their timeout."""
         with self.lock:
             gone = [k for k, s in self._sessions.items() if s.idle(now)]
-            out = [self._sessions.pop(k) for k in gone]
-            self.closed += len(out)
-            return out
+            return [self._sessions.pop(k) for k in gone]
 
     def sessions(self) -> list[Session]:
         with self.lock:
