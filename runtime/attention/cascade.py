@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from agentlang.runtime.attention.decode_plan import shared_prefix_groups
+from agentlang.runtime.attention import onednn
 from agentlang.runtime.quant.native import qmatmul_library
 
 MAX_QUERY_TOKENS = 512   # query tokens a shared-part matmul takes at a time (bounds its scores)
@@ -25,41 +26,50 @@ CAUSAL_BLOCK = 128       # query tokens a causal block: keys up to the block's l
 
 
 def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-               bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               masked: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention with its log-sum-exp.
 
     q: [..., H, R, D] (the R query rows of each KV head: its G query heads × tokens);
-    k, v: [..., L, H, D] as gathered from the pool; bias: additive (0 / -inf), broadcastable to
-    [..., H, R, L], or None; no row may be masked entirely. The scores' matmul runs in q's
+    k, v: [..., L, H, D] as gathered from the pool; masked: bool, True where a key is hidden,
+    over the **last** ``t = masked.shape[-1] <= L`` keys (broadcastable to [..., H, R, t]; the
+    keys before them are visible to every row), or None; no row may be masked entirely. A
+    causal extend passes only its diagonal block (:func:`causal_tail`), so the mask costs
+    [R, n] whatever the cached context. The scores' matmul runs in q's
     dtype; scale, softmax and lse in float32 (natively where :mod:`agentlang.runtime.quant.native` runs: three
-    passes over the scores, p written back in their dtype). Returns out [..., H, R, D] in v's
-    dtype and lse [..., H, R] float32.
+    passes over the scores, p written back in their dtype); float32 prefill-sized calls run per
+    KV head through oneDNN (:mod:`agentlang.runtime.attention.onednn`). Returns out
+    [..., H, R, D] in v's dtype and lse [..., H, R] float32.
     """
-    s = torch.matmul(q, k.movedim(-3, -1))                               # [..., H, R, L]
-    if bias is not None:
-        s.add_(bias)                   # 0 / -inf: exact in s's dtype, and before or after scale
-    native = qmatmul_library() if s.device.type == "cpu" else None
-    if native is not None and s.dtype in (torch.float32, torch.bfloat16) and s.is_contiguous():
-        lse = native.softmax_lse_(s, scale)          # s becomes p, in s's dtype (3 passes)
-        p = s
-    else:
-        s = s.float() if s.dtype != torch.float32 else s
-        s.mul_(scale)
-        m = s.amax(-1, keepdim=True)
-        p = s.sub_(m).exp_()
+    native = qmatmul_library() if q.device.type == "cpu" else None
+
+    def softmax(s: torch.Tensor) -> torch.Tensor:       # s becomes p in place; returns lse
+        if native is not None and s.dtype in (torch.float32, torch.bfloat16) and s.is_contiguous():
+            return native.softmax_lse_(s, scale)        # in s's dtype (3 passes)
+        sf = s.float() if s.dtype != torch.float32 else s
+        sf.mul_(scale)
+        m = sf.amax(-1, keepdim=True)
+        p = sf.sub_(m).exp_()
         z = p.sum(-1, keepdim=True)
-        p = p.div_(z)
-        lse = (m + z.log_()).squeeze(-1)
-    out = torch.matmul(p if p.dtype == v.dtype else p.to(v.dtype), v.movedim(-3, -2))
+        p.div_(z)
+        if sf is not s:
+            s.copy_(p)
+        return (m + z.log_()).squeeze(-1)
+
+    if onednn.applies(q):
+        return onednn.attend(q, k, v, masked, softmax)
+    s = torch.matmul(q, k.movedim(-3, -1))                               # [..., H, R, L]
+    if masked is not None:             # in place in s's dtype (an add of a float32 bias to
+        s[..., s.shape[-1] - masked.shape[-1]:].masked_fill_(masked, float("-inf"))  # bf16: slow)
+    lse = softmax(s)
+    out = torch.matmul(s if s.dtype == v.dtype else s.to(v.dtype), v.movedim(-3, -2))
     return out, lse
 
 
-def causal_bias(first: int, n: int, keys: int, group: int) -> torch.Tensor:
-    """Additive mask [n * group, keys] (rows in (token, head) order): query token t, at key
-    position ``first + t``, sees keys ``0..first + t``."""
-    qpos = torch.arange(first, first + n)[:, None]                                # [n, 1]
-    bias = torch.zeros(n, keys).masked_fill_(torch.arange(keys)[None, :] > qpos, float("-inf"))
-    return bias[:, None, :].expand(n, group, keys).reshape(n * group, keys)
+def causal_tail(n: int, group: int) -> torch.Tensor:
+    """The causal mask of ``n`` new tokens over their own keys, the last ``n`` of the context:
+    bool [n * group, n] (rows in (token, head) order), True where key j > token t."""
+    above = torch.ones(n, n, dtype=torch.bool).triu_(1)                          # [n, n]
+    return above[:, None, :].expand(n, group, n).reshape(n * group, n)
 
 
 def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float
@@ -78,8 +88,7 @@ def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
         e = min(n, s + CAUSAL_BLOCK)
         keys = start + e                                             # L: keys this block sees
         qb = q[s:e].view(e - s, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, (e - s) * G, D)
-        o, _ = attend_lse(qb, k[:keys], v[:keys], scale,
-                          causal_bias(start + s, e - s, keys, G))                # [Hkv, b*G, D]
+        o, _ = attend_lse(qb, k[:keys], v[:keys], scale, causal_tail(e - s, G))  # [Hkv, b*G, D]
         out[s:e] = o.view(Hkv, e - s, G, D).permute(1, 0, 2, 3).reshape(e - s, Hq, D)
     return out
 
@@ -111,7 +120,7 @@ class OwnBucket:
     tokens: torch.Tensor        # [m, n] int64 rows of the step's query tokens, member by member
     pages: torch.Tensor         # [m, p] int64 page ids of each member's own context
     length: int                 # L own keys per member
-    bias: torch.Tensor          # [n * G, L] float32 causal mask (0 / -inf), rows in (token, head) order
+    masked: torch.Tensor        # [n * G, n] bool causal mask of the last n keys (:func:`causal_tail`)
 
 
 @dataclass(frozen=True)
@@ -142,8 +151,7 @@ def extend_plan(page_table: torch.Tensor, starts: list[int], seq_lens: list[int]
             n_pages = (own + page_size - 1) // page_size
             tokens = torch.tensor([starts[rows[i]] for i in idx])[:, None] + torch.arange(n)
             pages = table[idx, n_shared:n_shared + n_pages]
-            buckets.append(OwnBucket(tokens, pages.contiguous(), own,
-                                     causal_bias(own - n, n, own, group_size)))
+            buckets.append(OwnBucket(tokens, pages.contiguous(), own, causal_tail(n, group_size)))
         plans.append(ExtendGroup([rows[i] for i in members], table[members[0], :n_shared],
                                  tuple(buckets)))
     return tuple(plans)
@@ -175,7 +183,7 @@ def extend_group(q: torch.Tensor, out: torch.Tensor, pool, layer: int, group: Ex
             qb = q[tokens.reshape(-1)].view(mc, n, Hkv, G, D).permute(0, 2, 1, 3, 4)
             qb = qb.reshape(mc, Hkv, n * G, D)                            # rows in (token, head) order
             o_own, l_own = attend_lse(qb, *kv_of(pool, layer, bk.pages[c:c + per], bk.length,
-                                                 q.dtype), scale, bk.bias)
+                                                 q.dtype), scale, bk.masked)
             o = merge_lse(o_own, l_own, *attend_shared(qb, ks, vs, scale))  # [mc, Hkv, n*G, D]
             out[tokens.reshape(-1)] = o.view(mc, Hkv, n, G, D).transpose(1, 2).reshape(
                 mc * n, Hq, D)

@@ -23,7 +23,7 @@ class Bucket:
     rows: torch.Tensor | None   # [b] int64 batch rows, or None for "all rows, in order"
     pages: torch.Tensor         # [b, n] int64 page ids of each row's own (unshared) part
     length: int                 # L: longest own context in the bucket (keys per row)
-    bias: torch.Tensor | None   # [b, 1, 1, L] float32 additive mask (0 / -inf) or None (no padding)
+    masked: torch.Tensor | None  # [b, 1, 1, L] bool, True on padding keys, or None (no padding)
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,11 @@ def decode_plan(page_table: torch.Tensor, seq_lens: list[int], page_size: int) -
             cols = (torch.tensor([shared[b] for b in rows])[:, None] + torch.arange(n)[None, :])
             pages = table[rows].gather(1, cols.clamp_(max=table.shape[1] - 1))   # [b, n]
         lens = [own_lens[b] for b in rows]
-        bias = None
+        masked = None
         if min(lens) < L:
-            valid = torch.arange(L)[None, :] < torch.tensor(lens)[:, None]       # [b, L]
-            bias = torch.zeros(len(rows), 1, 1, L).masked_fill_(~valid[:, None, None, :],
-                                                                  float("-inf"))
-        buckets.append(Bucket(None if everyone else torch.tensor(rows), pages.contiguous(), L, bias))
+            masked = (torch.arange(L)[None, :] >= torch.tensor(lens)[:, None])[:, None, None, :]
+        buckets.append(Bucket(None if everyone else torch.tensor(rows), pages.contiguous(), L,
+                              masked))
     return DecodePlan(tuple(buckets), tuple(SharedGroup(torch.tensor(rows), table[rows[0], :n])
                                             for rows, n in groups))
 

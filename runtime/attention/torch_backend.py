@@ -82,13 +82,13 @@ class TorchAttentionBackend:
 
         if len(plan.buckets) == 1 and plan.buckets[0].rows is None and not cascade:
             bk = plan.buckets[0]
-            out, _ = attend_lse(qg, *kv(bk.pages, bk.length), scale, bk.bias)
+            out, _ = attend_lse(qg, *kv(bk.pages, bk.length), scale, bk.masked)
             return out.reshape(B, Hq, D)
         out = torch.empty_like(qg)                                       # [B, Hkv, G, D]
         lse = torch.empty(B, Hkv, Hq // Hkv) if cascade else None
         for bk in plan.buckets:
             rows = slice(None) if bk.rows is None else bk.rows
-            o, l = attend_lse(qg[rows], *kv(bk.pages, bk.length), scale, bk.bias)
+            o, l = attend_lse(qg[rows], *kv(bk.pages, bk.length), scale, bk.masked)
             out[rows] = o
             if cascade:
                 lse[rows] = l
