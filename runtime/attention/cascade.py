@@ -42,7 +42,12 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     """
     native = qmatmul_library() if q.device.type == "cpu" else None
 
-    def softmax(s: torch.Tensor) -> torch.Tensor:       # s becomes p in place; returns lse
+    def normalize(s: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
+        """Scores [..., R, L] -> probabilities in place (the last keys ``hidden`` masked first,
+        in s's dtype: adding a float32 bias to bf16 scores was slower than the matmuls);
+        returns the log-sum-exp [..., R]."""
+        if hidden is not None:
+            s[..., s.shape[-1] - hidden.shape[-1]:].masked_fill_(hidden, float("-inf"))
         if native is not None and s.dtype in (torch.float32, torch.bfloat16) and s.is_contiguous():
             return native.softmax_lse_(s, scale)        # in s's dtype (3 passes)
         sf = s.float() if s.dtype != torch.float32 else s
@@ -56,11 +61,9 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         return (m + z.log_()).squeeze(-1)
 
     if onednn.applies(q):
-        return onednn.attend(q, k, v, masked, softmax)
+        return onednn.attend(q, k, v, masked, normalize)
     s = torch.matmul(q, k.movedim(-3, -1))                               # [..., H, R, L]
-    if masked is not None:             # in place in s's dtype (an add of a float32 bias to
-        s[..., s.shape[-1] - masked.shape[-1]:].masked_fill_(masked, float("-inf"))  # bf16: slow)
-    lse = softmax(s)
+    lse = normalize(s, masked)
     out = torch.matmul(s if s.dtype == v.dtype else s.to(v.dtype), v.movedim(-3, -2))
     return out, lse
 

@@ -9,8 +9,9 @@ the keys copied into ``[Hkv, L, D]`` first. Extend attention over a long cached 
 mostly these two matmuls (73 % of a float32 extend step over 1900 cached tokens), so this is
 what makes a resumed agent turn cheap in float32.
 
-oneDNN is reached through torch's own ``mkldnn._linear_pointwise`` op (``x @ W^T`` for a 2-D
-``W``): per (batch element, KV head) the scores ``q k^T`` (keys copied into ``[L, D]``), the
+oneDNN is reached through torch's ``torch.ops.mkldnn._linear_pointwise`` (``x @ W^T`` for a
+2-D ``W``; torch has no public float32 entry to oneDNN's matmul, so that one call lives in
+:func:`_linear_nt` alone, and :data:`ONEDNN` checks it exists in the build): per (batch element, KV head) the scores ``q k^T`` (keys copied into ``[L, D]``), the
 mask and the softmax in place, then ``p v`` (values copied into ``[D, L]``) — each score
 matrix is made once, contiguous, and never copied (assembling all heads' scores into one
 tensor cost as much as the matmul). It is used for float32 on CPU from
@@ -51,14 +52,14 @@ def applies(q: torch.Tensor) -> bool:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor | None,
-           softmax: Callable[[torch.Tensor], torch.Tensor]
+           normalize: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention per (leading index, KV head), float32.
 
     q: [..., H, R, D]; k, v: [..., L, H, D] (the same leading dims); masked: bool over the last
-    ``t`` keys, broadcastable to [..., H, R, t], or None (as ``cascade.attend_lse``); softmax:
-    turns a contiguous score matrix [R, L] into its probabilities in place and returns the
-    log-sum-exp [R]. Returns out [..., H, R, D] and lse [..., H, R] float32."""
+    ``t`` keys, broadcastable to [..., H, R, t], or None (as ``cascade.attend_lse``); normalize:
+    ``cascade.attend_lse``'s — masks a contiguous score matrix [R, L] with its slice of
+    ``masked`` [R, t], turns it into probabilities in place and returns the log-sum-exp [R]. Returns out [..., H, R, D] and lse [..., H, R] float32."""
     *lead, H, R, D = q.shape
     if tuple(k.shape[:-3]) != tuple(lead):
         raise ValueError(f"leading dims differ: {tuple(lead)} vs {tuple(k.shape[:-3])}")
@@ -74,8 +75,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tens
     lse = torch.empty(qs.shape[0], R)
     for i in range(qs.shape[0]):
         s = _linear_nt(qs[i].contiguous(), ks[i])                         # [R, L]
-        if ms is not None:
-            s[:, L - ms.shape[-1]:].masked_fill_(ms[i], float("-inf"))
-        lse[i] = softmax(s)
+        lse[i] = normalize(s, None if ms is None else ms[i])
         out[i] = _linear_nt(s, vs[i])                                     # [R, D]
     return out.view(*lead, H, R, D), lse.view(*lead, H, R)
