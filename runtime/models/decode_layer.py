@@ -77,9 +77,14 @@ class NativeDecoder:
 
     @staticmethod
     def eligible(model: torch.nn.Module, dtype: torch.dtype) -> bool:
-        """Every layer's linears are :class:`BlockLinear`, activations are float32 and heads
-        have at most 512 dimensions (the C layer's RoPE buffer)."""
-        return dtype == torch.float32 and model.config.head_dim <= 512 and all(
+        """Every layer's linears are :class:`BlockLinear`, activations are float32, heads
+        have at most 512 dimensions (the C layer's RoPE buffer) and the layer is Llama's (the
+        C layer has no q/k norms and rotates whole heads: Qwen3 and partial-rotary Phi run
+        their layers in torch)."""
+        cfg = model.config
+        if cfg.qk_norm or cfg.rotary_dim:
+            return False
+        return dtype == torch.float32 and cfg.head_dim <= 512 and all(
             isinstance(m, BlockLinear)
             for layer in model.layers
             for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,

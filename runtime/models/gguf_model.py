@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from agentlang.runtime.quant.block_linear import BlockLinear
+from agentlang.runtime.weights.gguf_arch import fused_qkv
 from agentlang.runtime.weights.gguf_file import open_gguf
 from agentlang.runtime.weights.gguf_weights import LinearBuilder
 from agentlang.runtime.models.config import LlamaConfig
@@ -27,7 +28,7 @@ from agentlang.runtime.quant.quant_linear import QuantEmbedding, QuantLinear
 
 def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu", kernels: str = "auto") -> LlamaModel:
-    """Load a Llama/Mistral/Qwen2 GGUF. ``weights="auto"`` keeps Q4_0/Q4_1/Q8_0 tensors
+    """Load a GGUF of one of :data:`~agentlang.runtime.weights.gguf_arch.ARCHITECTURES`. ``weights="auto"`` keeps Q4_0/Q4_1/Q8_0 tensors
     quantized (CPU only), ``"dense"`` decodes every tensor to ``dtype``. Quantized matmuls run
     natively over the file's blocks where ``agentlang.runtime.quant.native`` runs (``kernels="auto"``), else
     (or with ``kernels="torch"``) in torch's int4/int8 kernels with bf16 activations; other
@@ -41,15 +42,19 @@ def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype 
     with torch.device("meta"):
         model = LlamaModel(cfg)
     nh, nkv = cfg.num_heads, cfg.num_kv_heads
+    qkv, heads = (["qkv"], [None]) if fused_qkv(gf.arch, gf.tensors) else (["q", "k", "v"], [nh, nkv, None])
+    gate_up = ["up"] if gf.arch == "phi3" else ["gate", "up"]      # Phi-3: gate and up in ffn_up
     for i, layer in enumerate(model.layers):
         p = f"blk.{i}."
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj = b.linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
-                                 heads=[nh, nkv, None],
-                                 biases=[p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"])
+        attn.qkv_proj = b.linear([f"{p}attn_{n}.weight" for n in qkv], heads=heads,
+                                 biases=[f"{p}attn_{n}.bias" for n in qkv])
         attn.o_proj = b.linear([p + "attn_output.weight"])
-        mlp.gate_up_proj = b.linear([p + "ffn_gate.weight", p + "ffn_up.weight"])
+        mlp.gate_up_proj = b.linear([f"{p}ffn_{n}.weight" for n in gate_up])
         mlp.down_proj = b.linear([p + "ffn_down.weight"])
+        if cfg.qk_norm:
+            attn.q_norm.weight = _param(b.vector(p + "attn_q_norm.weight"))
+            attn.k_norm.weight = _param(b.vector(p + "attn_k_norm.weight"))
         layer.input_layernorm.weight = _param(b.vector(p + "attn_norm.weight"))
         layer.post_attention_layernorm.weight = _param(b.vector(p + "ffn_norm.weight"))
         dtypes = {getattr(m, "input_dtype", None) for m in (attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj)}
@@ -66,7 +71,7 @@ def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype 
     factors = b.vector("rope_freqs.weight")     # llama3-style scaling, as per-frequency divisors
     scaling = cfg.rope_scaling if factors is None else {"rope_type": "factors",
                                                           "factors": factors.float()}
-    model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, scaling)
+    model.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope_theta, scaling)
     logging.getLogger(__name__).info("loaded %s: %s", Path(path).name,
              ", ".join(f"{k} -> {v}" for k, v in sorted(b.report.items())))
     model.weights_report = dict(b.report)

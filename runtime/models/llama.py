@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM) over the paged KV pool.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2/3, Phi-3, SmolLM) over the paged KV pool.
 
 The forward pass runs on a *flattened* batch of sequences of different lengths
 (:class:`~agentlang.runtime.attention.forward_batch.ForwardBatch`); every layer writes its new K/V into the pool
@@ -55,14 +55,21 @@ class Attention(nn.Module):
                                   bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
         self.scale = self.hd ** -0.5
+        if cfg.qk_norm:          # Qwen3: each q and k head RMS-normalized before RoPE
+            self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
 
     def forward(self, x, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
                 pool: KVPool, backend: AttentionBackend):
         T = x.shape[0]                                          # x: [T, hidden]
         qkv = self.qkv_proj(x)                                  # [T, (nh + 2 nkv) * hd]
         n_qk = (self.nh + self.nkv) * self.hd
+        qk = qkv[:, :n_qk].view(T, self.nh + self.nkv, self.hd)
+        if self.qk_norm:
+            qk = torch.cat([self.q_norm(qk[:, :self.nh]), self.k_norm(qk[:, self.nh:])], dim=1)
         # q and k heads are adjacent in each row: one rotation for both
-        qk = RotaryEmbedding.rotate(qkv[:, :n_qk].view(T, self.nh + self.nkv, self.hd), *rope)
+        qk = RotaryEmbedding.rotate(qk, *rope)
         q, k = qk[:, :self.nh], qk[:, self.nh:]                 # [T, nh, hd], [T, nkv, hd]
         v = qkv[:, n_qk:].view(T, self.nkv, self.hd)
         backend.store_kv(pool, self.layer, k, v, batch)
@@ -125,7 +132,7 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+        self.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                     cfg.rope_scaling)
         self.native_decoder = None    # agentlang.runtime.models.decode_layer.NativeDecoder, set by the GGUF loader
 
@@ -175,6 +182,6 @@ class LlamaModel(nn.Module):
         model.load_state_dict({k: state[k] for k in expected}, strict=True, assign=True)
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
-        model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+        model.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                      cfg.rope_scaling).to(torch.device(device))
         return model.to(device).eval()

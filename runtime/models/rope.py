@@ -1,4 +1,5 @@
-"""Rotary position embeddings (HF "rotate half" layout) with linear and llama3 scaling."""
+"""Rotary position embeddings (HF "rotate half" layout) with linear, llama3 and long-RoPE
+scaling, over all of a head or its leading ``rotary_dim`` dimensions (partial rotary)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import torch
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Inverse frequencies ``[head_dim/2]`` (float32), scaled as the config asks."""
+    """Inverse frequencies ``[head_dim/2]`` (float32), scaled as the config asks. ``head_dim``
+    is the number of dimensions rotated (the rotary dims under partial rotary)."""
+    if scaling is not None and scaling["rope_type"] == "longrope":   # HF's order of operations
+        ext = torch.tensor(scaling["ext_factors"], dtype=torch.float32)
+        return 1.0 / (ext * theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is None:
         return inv
@@ -30,13 +35,17 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin table ``[max_pos, head_dim]`` in float32."""
+    """Precomputed cos/sin table ``[max_pos, D]`` in float32, ``D`` the rotated dims of a head
+    (long-RoPE's attention factor multiplied in, as HF does)."""
 
     def __init__(self, head_dim: int, max_pos: int, theta: float, scaling: dict | None):
         inv = rope_inv_freq(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)  # [max_pos, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
+        attention = (scaling or {}).get("attention_factor", 1.0)
+        if attention != 1.0:
+            self.cos, self.sin = self.cos * attention, self.sin * attention
         self.max_pos = max_pos
 
     def to(self, device: torch.device) -> "RotaryEmbedding":
@@ -54,9 +63,16 @@ class RotaryEmbedding:
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, H, D] rotated by ``cos_sin`` of its positions. Bitwise HF's
+        """x: [T, H, hd] rotated by ``cos_sin`` of its positions. Bitwise HF's
         ``x * cos + rotate_half(x) * sin`` (``rotate_half(x) = [-x2, x1]``; ``-x2 * s`` is
-        ``x2 * -s`` exactly), with ``roll`` instead of slices, a negation and a concatenation."""
+        ``x2 * -s`` exactly), with ``roll`` instead of slices, a negation and a concatenation.
+        A table narrower than the heads (partial rotary, ``D < hd``) rotates ``x[..., :D]`` and
+        passes the rest through, as HF's Phi-3 does."""
+        d = cos.shape[-1]
+        if d < x.shape[-1]:
+            rot = x[..., :d]
+            return torch.cat([rot * cos + torch.roll(rot, d // 2, dims=-1) * signed_sin,
+                              x[..., d:]], dim=-1)
         return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """A GGUF model file, validated: architecture, config from metadata, tensor names/types/shapes.
 
 :func:`open_gguf` reads only the header and checks everything
-a load needs before any weight is decoded: the architecture is Llama/Mistral/Qwen2, every
+a load needs before any weight is decoded: the architecture is one of :data:`~agentlang.runtime.weights.gguf_arch.ARCHITECTURES`, every
 tensor type is one we can decode, every expected tensor is present with the shape the metadata
 implies, and the file is long enough for every tensor. Any failure raises :class:`GgufError`
 naming what was found and what is supported, so a bad file never yields a half-loaded model.
@@ -21,17 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from agentlang.runtime.weights.gguf_arch import (ARCHITECTURES, PERMUTED_QK, arch_config,
+                                                layer_shapes)
 from agentlang.runtime.weights.model_loader import ModelLoadError
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM"}
-PERMUTED_QK = ("llama", "mistral")     # archs whose q/k rows llama.cpp interleaves
 KEPT_QUANTIZED = ("Q4_0", "Q4_1", "Q8_0")                       # int4 / int8 kernels
 DEQUANTIZED = ("F32", "F16", "BF16", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                "Q8_K")                                          # decoded to the compute dtype
 SUPPORTED_TYPES = KEPT_QUANTIZED + DEQUANTIZED
-LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-                 "ffn_gate", "ffn_up", "ffn_down")
 
 
 class GgufError(ModelLoadError):
@@ -74,29 +71,40 @@ class GgufFile:
         a, m = self.arch, self.meta
         heads = int(m[f"{a}.attention.head_count"])
         hidden = int(m[f"{a}.embedding_length"])
+        head_dim = int(m.get(f"{a}.attention.key_length", hidden // heads))
         eos = m.get("tokenizer.ggml.eos_token_id")
         cfg = {
             "architectures": [ARCHITECTURES[a]],
-            "model_type": a,                       # GGUF's llama / qwen2 / mistral = HF's
+            "model_type": a,                       # GGUF's arch names are HF's model types
             "vocab_size": self.tensors["token_embd.weight"].shape[0],
             "hidden_size": hidden,
             "intermediate_size": int(m[f"{a}.feed_forward_length"]),
             "num_hidden_layers": int(m[f"{a}.block_count"]),
             "num_attention_heads": heads,
             "num_key_value_heads": int(m.get(f"{a}.attention.head_count_kv", heads)),
-            "head_dim": int(m.get(f"{a}.attention.key_length", hidden // heads)),
+            "head_dim": head_dim,
             "rms_norm_eps": float(m.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
             "rope_theta": float(m.get(f"{a}.rope.freq_base", 10000.0)),
             "max_position_embeddings": int(m.get(f"{a}.context_length", 4096)),
             "tie_word_embeddings": "output.weight" not in self.tensors,
-            "attention_bias": "blk.0.attn_q.bias" in self.tensors,
+            "attention_bias": "blk.0.attn_q.bias" in self.tensors or "blk.0.attn_qkv.bias" in self.tensors,
             "eos_token_id": None if eos is None else int(eos),
             "bos_token_id": m.get("tokenizer.ggml.bos_token_id"),
         }
         if m.get(f"{a}.rope.scaling.type") == "linear":
             cfg["rope_scaling"] = {"rope_type": "linear",
                                    "factor": float(m[f"{a}.rope.scaling.factor"])}
+        cfg.update(arch_config(a, m, head_dim, self.vector_list))
         return cfg
+
+    def vector_list(self, name: str) -> list[float] | None:
+        """A small F32/F16 tensor's values (rope factors), or None if the file has none."""
+        t = self.tensors.get(name)
+        if t is None:
+            return None
+        if t.qtype not in ("F32", "F16"):
+            raise GgufError(f"{self.path}: tensor {name} is {t.qtype}; it must be F32 or F16")
+        return [float(v) for v in t.read(self.path).reshape(-1)]
 
     def rows(self, name: str, heads: int | None = None) -> np.ndarray:
         """The raw rows of tensor ``name`` (HF row order; ``heads`` for q/k un-permutation)."""
@@ -234,12 +242,10 @@ def _check_shapes(gf: GgufFile) -> None:
     want = {"token_embd.weight": (V, H), "output_norm.weight": (H,)}
     if "output.weight" in gf.tensors:
         want["output.weight"] = (V, H)
-    shapes = {"attn_norm": (H,), "attn_q": (heads * hd, H), "attn_k": (kv * hd, H),
-              "attn_v": (kv * hd, H), "attn_output": (H, heads * hd), "ffn_norm": (H,),
-              "ffn_gate": (I, H), "ffn_up": (I, H), "ffn_down": (H, I)}
+    shapes = layer_shapes(a, gf.tensors, H, I, heads, kv, hd)
     for i in range(n_layers):
-        for name in LAYER_TENSORS:
-            want[f"blk.{i}.{name}.weight"] = shapes[name]
+        for name, shape in shapes.items():
+            want[f"blk.{i}.{name}.weight"] = shape
     for name, shape in want.items():
         t = gf.tensors.get(name)
         if t is None:

@@ -16,13 +16,29 @@ def random_llama(tokenizer_dir: Path, out: Path, seed: int = 0, **shapes) -> Pat
     """Save a random-weight Llama (``shapes``: LlamaConfig fields; default SmolLM2-135M's head
     layout with 8 layers) and ``tokenizer_dir``'s tokenizer files into ``out``. A wide
     initialisation (0.2) gives peaked logits, so greedy choices are far from ties."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    return random_hf_model("llama", tokenizer_dir, out, seed, **shapes)
 
+
+def random_hf_model(family: str, tokenizer_dir: Path, out: Path, seed: int = 0, **shapes) -> Path:
+    """:func:`random_llama` for any HF family: ``"llama"``, ``"qwen3"``, ``"phi3"`` (its
+    ``Config`` / ``ForCausalLM`` classes, ``shapes`` their config fields)."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    name = {"llama": "Llama", "qwen3": "Qwen3", "phi3": "Phi3"}[family]
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    cfg = LlamaConfig(**{**SMOLLM2_SHAPES, **shapes}, vocab_size=len(tok), initializer_range=0.2,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = getattr(transformers, f"{name}Config")(**{
+        **SMOLLM2_SHAPES, "vocab_size": len(tok), "initializer_range": 0.2,
+        "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.eos_token_id, **shapes})
     torch.manual_seed(seed)
-    LlamaForCausalLM(cfg).save_pretrained(out)
+    model = getattr(transformers, f"{name}ForCausalLM")(cfg)
+    if family != "llama":          # norms initialise to ones: make swapped or skipped ones show
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if p.ndim == 1 and "norm" in pname:
+                    p.add_(0.2 * torch.randn_like(p))
+    model.save_pretrained(out)
     for f in tokenizer_dir.iterdir():
         if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json",
                                                          "chat_template.jinja"):

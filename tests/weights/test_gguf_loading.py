@@ -133,7 +133,7 @@ def test_bad_files_are_rejected_with_the_reason(tmp_path, tokenizer_fields):
     (tmp_path / "header.gguf").write_bytes(data[:100])
     with pytest.raises(GgufError, match="truncated or corrupt|truncated"):
         load_gguf_model(tmp_path / "header.gguf")
-    with pytest.raises(GgufError, match="unsupported GGUF architecture 'gpt2'.*llama, mistral, qwen2"):
+    with pytest.raises(GgufError, match="unsupported GGUF architecture 'gpt2'.*llama, mistral, qwen2, qwen3, phi3"):
         load_gguf_model(write_gguf(tmp_path / "gpt2.gguf", tokenizer_fields, "Q4_0", arch="gpt2"))
     with pytest.raises(GgufError, match=r"attn_q.weight has shape \[80, 64\].*implies \[64, 64\]"):
         load_gguf_model(write_gguf(tmp_path / "shape.gguf", tokenizer_fields, "Q8_0",
