@@ -9,9 +9,12 @@ Block layouts (32 weights a block, little-endian), decoded with numpy views of t
 Q4_0/Q4_1/Q8_0 stay as the file's blocks in a :class:`~agentlang.runtime.quant.block_linear.BlockLinear` (the
 native matmul) where :func:`agentlang.runtime.quant.native.qmatmul_library` runs; otherwise Q4_0/Q4_1 become
 int4 groupwise :class:`~agentlang.runtime.quant.quant_linear.QuantLinear` without re-quantization and Q8_0 int8
-per row (re-scaled: ``row scale = max|w| / 127``). Other
-types (F16/BF16/F32, Q5_*, K-quants) are decoded with the ``gguf`` package and kept dense in
-the compute dtype; the loader reports which. All decoding runs a bounded number of rows at a
+per row (re-scaled: ``row scale = max|w| / 127``). Q4_K / Q5_K / Q6_K stay as their
+super-blocks (:class:`~agentlang.runtime.quant.kblock_linear.KBlockLinear`) where the native build has
+K-quant kernels, a fused linear of mixed types as one chained native weight
+(:class:`~agentlang.runtime.quant.kblock_linear.ChainLinear`). Other types (F16/BF16/F32, Q5_0/Q5_1,
+Q2_K/Q3_K, K-quants without those kernels) are decoded with the ``gguf`` package and kept dense
+in the compute dtype; the loader reports which (``report``, logged at load). All decoding runs a bounded number of rows at a
 time, so no dense fp32 copy of a whole tensor (let alone the model) is made on the quantized
 path.
 """
@@ -23,9 +26,11 @@ import torch
 from torch import nn
 
 from agentlang.runtime.quant.block_linear import BF16_GEMM_ROWS, BlockLinear
+from agentlang.runtime.quant.kblock_linear import ChainLinear, KBlockLinear
+from agentlang.runtime.quant.kquant import KINDS as K_TYPES, KBlocks, split_kblocks
 from agentlang.runtime.weights.gguf_file import KEPT_QUANTIZED, GgufFile
 from agentlang.runtime.quant.native import (KIND_Q4, KIND_Q8, QMatmulLibrary, bf16_matmuls_in_hardware,
-                            qmatmul_library)
+                            kquant_library, qmatmul_library)
 from agentlang.runtime.quant.quant_linear import QuantLinear
 
 CHUNK_ROWS = 4096
@@ -126,6 +131,8 @@ class LinearBuilder:
             raise ValueError(f"kernels must be 'auto' (native where it runs) or 'torch', got {kernels!r}")
         self.gf, self.quantize, self.dtype = gf, weights == "auto", dtype
         self.native = qmatmul_library() if kernels == "auto" and self.quantize else None
+        if self.native is not None and not self.native.isa.kquants and set(gf.types()) & set(K_TYPES):
+            self.native = kquant_library()      # a build with K-quant kernels, if one runs here
         self.report: dict[str, str] = {}
 
     def vector(self, name: str) -> torch.Tensor | None:
@@ -142,7 +149,11 @@ class LinearBuilder:
         bias = None
         if biases and all(b in self.gf.tensors for b in biases):
             bias = torch.cat([self.vector(b) for b in biases])
-        qtype = qtypes.pop() if len(qtypes) == 1 else None
+        qtype = next(iter(qtypes)) if len(qtypes) == 1 else None
+        native_k = self.native is not None and self.native.isa.kquants
+        if self.quantize and native_k and qtypes <= set(KEPT_QUANTIZED) | set(K_TYPES) \
+                and (qtypes & set(K_TYPES) or len(qtypes) > 1):
+            return self._native_parts(names, raws, biases if bias is not None else None)
         if self.quantize and qtype in KEPT_QUANTIZED:
             if self.native is not None:
                 self.report[qtype] = "native blocks"
@@ -161,8 +172,31 @@ class LinearBuilder:
             t = self.gf.tensors[n]
             self.report.setdefault(t.qtype, f"dense {str(self.dtype).removeprefix('torch.')}")
         w = torch.cat([decode_dense(r, self.gf.tensors[n].qtype, self.dtype) for n, r in zip(names, raws)])
-        lin = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, device="meta")
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, device="meta")  # dense
         lin.weight = nn.Parameter(w, requires_grad=False)
         if bias is not None:
             lin.bias = nn.Parameter(bias.to(self.dtype), requires_grad=False)
         return lin
+
+    def _native_parts(self, names: list[str], raws: list[np.ndarray],
+                      biases: list[str] | None) -> BlockLinear:
+        """Tensors ``names`` (K-quants, or Q4/Q8 types mixed) as native weights: consecutive
+        tensors of one type fused into one part, the parts chained if more than one."""
+        groups: list[tuple[str, list[int]]] = []
+        for i, n in enumerate(names):
+            t = self.gf.tensors[n].qtype
+            if groups and groups[-1][0] == t:
+                groups[-1][1].append(i)
+            else:
+                groups.append((t, [i]))
+        parts = []
+        for qtype, idx in groups:
+            bias = None if biases is None else torch.cat([self.vector(biases[i]) for i in idx])
+            if qtype in K_TYPES:
+                self.report[qtype] = "native super-blocks"
+                blocks = KBlocks.cat([split_kblocks(raws[i], qtype) for i in idx])
+                parts.append(KBlockLinear(self.native, blocks, bias))
+            else:
+                self.report[qtype] = "native blocks"
+                parts.append(block_linear(self.native, [(raws[i], qtype) for i in idx], bias))
+        return parts[0] if len(parts) == 1 else ChainLinear(self.native, parts)

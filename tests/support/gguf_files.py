@@ -9,7 +9,8 @@ import numpy as np
 L = 2
 SMALL = (64, 128, 4, 2, 16)          # hidden, ffn, heads, kv heads, head dim
 K_DIMS = (256, 512, 4, 2, 64)        # K-quant blocks hold 256 weights: rows of 256 multiples
-D_OFFSETS = {"Q6_K": (208,), "Q4_K": (0, 2)}    # where a K-quant block keeps its fp16 scales
+D_OFFSETS = {"Q6_K": (208,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q3_K": (108,),
+             "Q2_K": (80, 82)}              # where a K-quant block keeps its fp16 scales
 
 
 def byte_level_symbols() -> list[str]:
@@ -40,8 +41,9 @@ def gguf_tokenizer_fields() -> dict:
 
 
 def write_gguf(path, fields, qtype="Q4_1", arch="llama", embed_type=None, tied=True, seed=0,
-               shapes=None, dims=SMALL):
-    """A random ``arch`` model with every matrix in ``qtype`` (K-quants: random raw blocks)."""
+               shapes=None, dims=SMALL, types=None):
+    """A random ``arch`` model with every matrix in ``qtype`` (K-quants: random raw blocks),
+    but those named in ``types`` ({"attn_v": "Q6_K", ...}: a Q4_K_M-like mix)."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -65,6 +67,7 @@ def write_gguf(path, fields, qtype="Q4_1", arch="llama", embed_type=None, tied=T
         setters[k.removeprefix("tokenizer.ggml.")](val)
 
     def mat(name, rows, cols, t):
+        t = (types or {}).get(name.split(".")[-2], t)
         x = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32)
         gt = T[t]
         if t not in ("F32", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):

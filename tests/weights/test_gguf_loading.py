@@ -18,7 +18,7 @@ from agentlang.runtime.weights.gguf_file import GgufError
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 from agentlang.runtime.weights.model_loader import resolve_model
 from agentlang.runtime.models.gguf_model import load_gguf_model
-from agentlang.runtime.quant.native import bf16_matmuls_in_hardware, qmatmul_library
+from agentlang.runtime.quant.native import bf16_matmuls_in_hardware, kquant_library, qmatmul_library
 from agentlang.runtime.cache.page_allocator import PageAllocator
 from agentlang.runtime.quant.quant_linear import QuantEmbedding, QuantLinear
 from tests.support.gguf_files import K_DIMS, L, SMALL, write_gguf
@@ -96,10 +96,18 @@ def test_a_bfloat16_model_runs_prefill_sized_calls_as_bf16_gemms(tmp_path, token
 
 
 @pytest.mark.parametrize("qtype", ["Q6_K", "Q4_K"])
-def test_k_quant_blocks_are_decoded_dense(tmp_path, tokenizer_fields, qtype):
+def test_k_quant_blocks_are_decoded_dense_without_k_quant_kernels(tmp_path, tokenizer_fields, qtype):
+    """``kernels="torch"`` (or no native build with K-quant kernels): decoded to the compute
+    dtype and reported (tests/quant/test_kquant.py: kept quantized)."""
     path = write_gguf(tmp_path / "k.gguf", tokenizer_fields, qtype, embed_type="Q8_0", dims=K_DIMS)
-    model = load_gguf_model(path, "auto", torch.float32)
+    model = load_gguf_model(path, "auto", torch.float32, kernels="torch")
     assert model.weights_report[qtype] == "dense float32"
+    assert model.weights_report["Q8_0"] == "int8 per row"
+    out = prefill_logits(model, SEQS[:1])[0]
+    ref = hf_logits(path, SEQS[0])
+    assert ((out - ref).norm() / ref.norm()).item() < 0.02
+    model = load_gguf_model(path, "auto", torch.float32)
+    assert model.weights_report[qtype] == ("native super-blocks" if kquant_library() else "dense float32")
     assert model.weights_report["Q8_0"] == ("native blocks" if quant_class("auto") is BlockLinear
                                             else "int8 per row")
     out = prefill_logits(model, SEQS[:1])[0]

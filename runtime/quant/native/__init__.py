@@ -46,19 +46,25 @@ SHARED = ("qmatmul.h", "vecmath.h", "decode_layer.c")     # in this folder, used
 OWN = ("qmatmul.c", "dequant.c", "softmax.c")             # in each build's folder
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")
 KIND_Q4, KIND_Q8 = 4, 8
+KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 14, 15, 16      # K-quant super-blocks (kquant.h)
+K_KINDS = (KIND_Q4_K, KIND_Q5_K, KIND_Q6_K)
 
 
 @dataclass(frozen=True)
 class Isa:
     """One build of the library: its folder (``name``) of :data:`OWN` sources, the CPU flags
-    (``/proc/cpuinfo``) it needs and the compiler flags that enable them."""
+    (``/proc/cpuinfo``) it needs and the compiler flags that enable them. ``kquants``: the
+    build multiplies K-quant super-blocks (its folder has ``kquant.h``); others leave K-quant
+    tensors to be decoded by the loader."""
 
     name: str
     cpu_flags: tuple[str, ...]
     cflags: tuple[str, ...]
+    kquants: bool = False
 
     def sources(self) -> tuple[Path, ...]:
-        return (*(HERE / n for n in SHARED), *(HERE / self.name / n for n in OWN))
+        own = (*OWN, "kquant.h") if self.kquants else OWN
+        return (*(HERE / n for n in SHARED), *(HERE / self.name / n for n in own))
 
     def missing(self, flags: frozenset[str]) -> list[str]:
         return [f for f in self.cpu_flags if f not in flags]
@@ -67,7 +73,7 @@ class Isa:
 ISAS = (   # best first
     Isa("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c"),
         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c")),
-    Isa("avx2", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
+    Isa("avx2", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c"), kquants=True),
 )
 
 _log = logging.getLogger(__name__)
@@ -78,16 +84,21 @@ class QWeight(ctypes.Structure):
 
     _fields_ = [("kind", ctypes.c_int32), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
                 ("kb", ctypes.c_int64), ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p)]
+                ("bias", ctypes.c_void_p), ("sc", ctypes.c_void_p), ("mn", ctypes.c_void_p),
+                ("hb", ctypes.c_void_p), ("next", ctypes.c_void_p)]
 
     @classmethod
     def of(cls, kind: int, k: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
-           bias: torch.Tensor | None) -> "QWeight":
+           bias: torch.Tensor | None, sc: torch.Tensor | None = None,
+           mn: torch.Tensor | None = None, hb: torch.Tensor | None = None) -> "QWeight":
         """k: in features; rows of ``kb`` blocks (even, zero-padded): qs Q4 uint8
         ``[N, kb*16]`` / Q8 int8 ``[N, kb*32]``; d, m float16 ``[N, kb]`` (m: Q4_1 only);
-        bias float32 ``[N]``; all contiguous."""
-        n, kb = d.shape
-        return cls(kind, n, k, kb, qs.data_ptr(), d.data_ptr(), _ptr(m), _ptr(bias))
+        bias float32 ``[N]``; all contiguous. K-quants (``kquant.h``): d, m a super-block,
+        sc, mn, hb their layouts."""
+        n = d.shape[0]
+        kb = k // 32 if kind in K_KINDS else d.shape[1]
+        return cls(kind, n, k, kb, qs.data_ptr(), d.data_ptr(), _ptr(m), _ptr(bias), _ptr(sc),
+                   _ptr(mn), _ptr(hb))
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -115,11 +126,14 @@ class QMatmulLibrary:
         self._softmax.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
 
-    def matmul(self, w: QWeight, x: torch.Tensor) -> torch.Tensor:
-        """x: float32 contiguous ``[M, K]`` → ``x @ W.T + bias``, float32 ``[M, N]``."""
-        y = torch.empty(x.shape[0], w.n, dtype=torch.float32)
-        if self._fn(ctypes.byref(w), x.data_ptr(), x.shape[0], y.data_ptr(),
-                    torch.get_num_threads()) != 0:
+    def matmul(self, w: QWeight, x: torch.Tensor, out_features: int | None = None) -> torch.Tensor:
+        """x: float32 contiguous ``[M, K]`` → ``x @ W.T + bias``, float32 ``[M, N]`` (``N``:
+        ``out_features``, the sum over a chain of parts; default ``w.n``)."""
+        y = torch.empty(x.shape[0], out_features or w.n, dtype=torch.float32)
+        rc = self._fn(ctypes.byref(w), x.data_ptr(), x.shape[0], y.data_ptr(), torch.get_num_threads())
+        if rc == -2:
+            raise ValueError(f"the {self.isa.name} build has no kernel for weight kind {w.kind}")
+        if rc != 0:
             raise MemoryError(f"native matmul: no memory to quantize {tuple(x.shape)} activations")
         return y
 
@@ -159,6 +173,23 @@ def qmatmul_library() -> QMatmulLibrary | None:
         except OSError as e:
             reason = f"build failed: {e}"
     _log.info("native quantized matmul unavailable (%s): using torch's int4/int8 kernels", reason)
+    return None
+
+
+@functools.cache
+def kquant_library() -> QMatmulLibrary | None:
+    """The library for a model with K-quant tensors: :func:`qmatmul_library` if its build has
+    K-quant kernels, else the best build this CPU runs that has them (an AVX-512 machine runs
+    the AVX2 build's), else None. ``AGENTLANG_NATIVE=0`` keeps it None."""
+    lib = qmatmul_library()
+    if lib is None or lib.isa.kquants:
+        return lib
+    for isa in runnable_isas():
+        if isa.kquants:
+            try:
+                return build_library(isa)
+            except (subprocess.CalledProcessError, OSError) as e:
+                _log.info("the %s build (K-quant kernels) failed: %s", isa.name, e)
     return None
 
 

@@ -4,18 +4,29 @@
 #define AGL_QMATMUL_H
 #include <stdint.h>
 
-/* One quantized weight (layouts at the top of qmatmul.c); bias float32 [n] or NULL. */
-typedef struct {
-    int32_t kind;               /* 4: Q4_0/Q4_1, 8: Q8_0 */
-    int64_t n, k;               /* out and in features; k % 32 == 0 */
+#define AGL_Q4 4
+#define AGL_Q8 8
+#define AGL_Q4_K 14
+#define AGL_Q5_K 15
+#define AGL_Q6_K 16
+
+/* One quantized weight (layouts at the top of qmatmul.c, K-quants in kquant.h); bias float32
+ * [n] or NULL. The K-quant kinds exist in the builds whose folder has a kquant.h. */
+typedef struct agl_qweight_s {
+    int32_t kind;               /* AGL_Q4: Q4_0/Q4_1, AGL_Q8: Q8_0, AGL_Q4_K / Q5_K / Q6_K */
+    int64_t n, k;               /* out and in features; k % 32 == 0 (K-quants: % 256) */
     int64_t kb;                 /* blocks a stored row: k / 32 rounded up to even */
-    const void *qs;             /* Q4: uint8 [n, kb * 16]; Q8: int8 [n, kb * 32] */
-    const uint16_t *d, *m;      /* float16 [n, kb]; m: Q4_1 only, else NULL */
+    const void *qs;             /* Q4, K-quants: uint8 [n, kb * 16]; Q8: int8 [n, kb * 32] */
+    const uint16_t *d, *m;      /* float16 [n, kb]; m: Q4_1 only, else NULL (K: a super-block) */
     const float *bias;
+    const uint8_t *sc, *mn, *hb;   /* K-quants only (kquant.h), else NULL */
+    const struct agl_qweight_s *next;   /* more output rows, of another kind (same k and kb):
+                                         * y's columns continue with them; K-quant builds only */
 } agl_qweight;
 
-/* y[M, n] (row stride n) = x[M, k] @ w.T + bias, or y += that with accumulate.
- * 0, or -1 without memory for the quantized activations. */
+/* y[M, n] (row stride n) = x[M, k] @ w.T + bias, or y += that with accumulate; with a chain
+ * of weights (next), n is the sum of their n and each fills its own columns.
+ * 0, -1 without memory for the quantized activations, -2 for a kind this build lacks. */
 int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accumulate,
             int nthreads);
 

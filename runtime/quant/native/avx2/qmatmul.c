@@ -16,7 +16,8 @@
  * sum_b mn_b * d_x,b * sum(q_x,b) is a scalar fused multiply-add chain over the blocks.
  * Every output gets the same operations whatever tile computes it, so a row's output depends
  * on that row only, never on how many rows a call has or on the threads (OpenMP splits the
- * output columns).
+ * output columns). K-quants (Q4_K, Q5_K, Q6_K) and chains of weights of different kinds
+ * (qmatmul.h's next): kquant.h.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -26,6 +27,7 @@
 #include <string.h>
 
 #include "qmatmul.h"
+#include "kquant.h"
 #include "vecmath.h"
 
 #define QK 32
@@ -133,8 +135,30 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
         for (int j = 0; j < nr; j++) {
             __m256i lo, hi;
             if (nr > 1)   /* several weight rows stream at once: help the prefetcher */
-                _mm_prefetch((const char *)w->qs + ((n + j) * kb + b) * (kind == 4 ? 16 : QK) + PREFETCH,
+                _mm_prefetch((const char *)w->qs + ((n + j) * kb + b) * (kind == 8 ? QK : 16) + PREFETCH,
                              _MM_HINT_T0);
+            if (kind == AGL_Q4_K || kind == AGL_Q5_K || kind == AGL_Q6_K) {
+                float dlo, dhi, mn;
+                kq_weights16(w, kind, n + j, b, &lo, &hi, &dlo, &dhi, &mn);
+                if (kind != AGL_Q6_K)
+                    for (int i = 0; i < mr; i++)
+                        t[i][j] = fmaf(mn, a->xs[(m + i) * kb + b], t[i][j]);
+                for (int i = 0; i < mr; i++) {
+                    const int16_t *x = a->q + ((m + i) * kb + b) * QK;
+                    const __m256i plo = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
+                    const __m256i phi = _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 16)));
+                    if (kind == AGL_Q6_K) {     /* the halves apart: their own steps */
+                        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo),
+                                                    _mm256_set1_ps(dlo * dx[i]), acc[i][j]);
+                        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi),
+                                                    _mm256_set1_ps(dhi * dx[i]), acc[i][j]);
+                    } else {
+                        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)),
+                                                    _mm256_set1_ps(dlo * dx[i]), acc[i][j]);
+                    }
+                }
+                continue;
+            }
             weights16(w, kind, n + j, b, &lo, &hi);
             const float dw = _cvtsh_ss(w->d[(n + j) * kb + b]);
             if (kind == 4) {
@@ -154,7 +178,8 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++)
-            out[i][j] = kind == 4 ? hsum8(acc[i][j]) + t[i][j] : hsum8(acc[i][j]);
+            out[i][j] = kind == 4 || kind == AGL_Q4_K || kind == AGL_Q5_K
+                            ? hsum8(acc[i][j]) + t[i][j] : hsum8(acc[i][j]);
 }
 
 /* the tile shapes: 4 or 3 rows by NR or 1 columns, 2 or 1 rows by NR1, NR or 1 (each a
@@ -178,19 +203,22 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
         }                                                                                \
     } while (0)
 
-/* rows m.. (mr <= MR) and columns n.. (nr: see TILES) of y */
+/* rows m.. (mr <= MR) and columns n.. (nr: see TILES) of y (row stride ldy) */
 static void run_tile(const agl_qweight *w, const qact *a, int64_t m, int mr, int64_t n, int nr,
-                     float *y, int accumulate)
+                     float *y, int64_t ldy, int accumulate)
 {
     float v[MR][NR1];
-    if (w->kind == 4)
-        TILES(4);
-    else
-        TILES(8);
+    switch (w->kind) {
+    case AGL_Q4: TILES(AGL_Q4); break;
+    case AGL_Q4_K: TILES(AGL_Q4_K); break;
+    case AGL_Q5_K: TILES(AGL_Q5_K); break;
+    case AGL_Q6_K: TILES(AGL_Q6_K); break;
+    default: TILES(AGL_Q8);
+    }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) {
             float o = v[i][j] + (w->bias ? w->bias[n + j] : 0.0f);
-            float *d = y + (m + i) * w->n + n + j;
+            float *d = y + (m + i) * ldy + n + j;
             *d = accumulate ? *d + o : o;
         }
 }
@@ -198,17 +226,26 @@ static void run_tile(const agl_qweight *w, const qact *a, int64_t m, int mr, int
 int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accumulate,
             int nthreads)
 {
-    const int64_t K = w->k, N = w->n, nb = K / QK, kb = w->kb;
+    const int64_t K = w->k, nb = K / QK, kb = w->kb;
+    int64_t ldy = 0;                     /* y's row stride: the chain's output columns */
+    for (const agl_qweight *p = w; p; p = p->next) {
+        if (p->kind != AGL_Q4 && p->kind != AGL_Q8 && p->kind != AGL_Q4_K
+            && p->kind != AGL_Q5_K && p->kind != AGL_Q6_K)
+            return -2;
+        ldy += p->n;
+    }
     int16_t *q = malloc(sizeof(int16_t) * (size_t)(M * kb * QK));
     float *xd = malloc(sizeof(float) * (size_t)(M * kb) * 2);
     if (!q || !xd) { free(q); free(xd); return -1; }
     float *xs = xd + M * kb;
     const qact act = {q, xd, xs}, *a = &act;
-    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1 && M * N * K > 65536)
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1 && M * ldy * K > 65536)
     for (int64_t m = 0; m < M; m++)
         quantize_row(x + m * K, nb, kb, q + m * kb * QK, xd + m * kb, xs + m * kb);
-    const int64_t tiles = (N + TILE_N - 1) / TILE_N;
     const int64_t fit = CHUNK_BYTES / (kb * QK * 2) / MR * MR, chunk = fit > MR ? fit : MR;
+    for (int64_t col = 0; w; col += w->n, w = w->next) {   /* each part its own columns */
+    const int64_t N = w->n, tiles = (N + TILE_N - 1) / TILE_N;
+    float *yw = y + col;
     #pragma omp parallel num_threads(nthreads)
     {   /* each thread a contiguous range of column tiles, chunk rows at a time */
         const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
@@ -225,12 +262,13 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
                 const int nr = want > 1 && n % TILE_N + want <= TILE_N && n + want <= N ? want : 1;
                 for (int64_t m = m0; m < m1;) {
                     const int mr = m1 - m >= MR ? MR : (int)(m1 - m);
-                    run_tile(w, a, m, mr, n, nr, y, accumulate);
+                    run_tile(w, a, m, mr, n, nr, yw, ldy, accumulate);
                     m += mr;
                 }
                 n += nr;
             }
         }
+    }
     }
     free(q);
     free(xd);

@@ -314,6 +314,8 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
             int nthreads)
 {
     const int64_t K = w->k, N = w->n, nb = K / QK, kg = (w->kb + 3) / 4;
+    if ((w->kind != AGL_Q4 && w->kind != AGL_Q8) || w->next)
+        return -2;                       /* K-quants and chains: the AVX2 build only, so far */
     uint8_t *q = malloc((size_t)(M * kg * GB));
     float *xd = malloc(sizeof(float) * (size_t)(M * kg) * 20);   /* 16 spread steps + 4 sums */
     if (!q || !xd) { free(q); free(xd); return -1; }

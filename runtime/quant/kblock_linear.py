@@ -1,0 +1,109 @@
+"""Linear layers over K-quant super-blocks, and over row parts of different kinds, run by the
+native matmul (the builds with K-quant kernels: ``Isa.kquants``).
+
+:class:`KBlockLinear` keeps one Q4_K / Q5_K / Q6_K weight as :class:`~agentlang.runtime.quant.kquant.KBlocks`
+(the file's values, repacked: ``runtime/quant/native/avx512/kquant.h``): memory is the file's
+plus 4 bytes a 256 weights (Q4_K / Q5_K's unpacked 6-bit scales). :class:`ChainLinear` is one
+fused linear whose row parts have different kinds — a Q4_K_M file stores ``attn_v`` of some
+layers in Q6_K beside Q4_K ``attn_q`` / ``attn_k`` — as a chain of native weights that one call
+multiplies (the activations quantized once, each part filling its own output columns).
+Both inherit :class:`~agentlang.runtime.quant.block_linear.BlockLinear`'s contract: float32
+native arithmetic, each output row a function of its input row alone (alone, batched, any
+chunk, any thread count), so the one-call decode layer takes them as it takes Q4_0 / Q8_0.
+There is no bf16-GEMM path for them (the kernel runs every call).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from agentlang.runtime.quant.block_linear import BlockLinear
+from agentlang.runtime.quant.kquant import QK_K, KBlocks, dequantize
+from agentlang.runtime.quant.native import QMatmulLibrary, QWeight
+
+
+def _needs_kquants(lib: QMatmulLibrary) -> None:
+    if not lib.isa.kquants:
+        raise ValueError(f"the {lib.isa.name} build of the native library has no K-quant kernels")
+
+
+class KBlockLinear(BlockLinear):
+    """``y = x @ W.T (+ b)``, ``W`` a K-quant weight (module doc)."""
+
+    def __init__(self, lib: QMatmulLibrary, blocks: KBlocks, bias: torch.Tensor | None = None):
+        nn.Module.__init__(self)
+        _needs_kquants(lib)
+        if blocks.in_features % QK_K:
+            raise ValueError(f"K-quant rows must be whole super-blocks of {QK_K}, got {blocks.in_features}")
+        self.lib, self.kind = lib, blocks.kind
+        self.in_features, self.out_features = blocks.in_features, blocks.qs.shape[0]
+        for name in ("qs", "d", "sc", "mn", "hb"):
+            t = getattr(blocks, name)
+            self.register_buffer(name, None if t is None else t.contiguous())
+        self.register_buffer("m", None if blocks.dmin is None else blocks.dmin.contiguous())
+        self.register_buffer("bias", None if bias is None else bias.float().contiguous())
+        self._qweight = None
+
+    @property
+    def blocks(self) -> KBlocks:
+        return KBlocks(self.kind, self.qs, self.d, self.m, self.sc, self.mn, self.hb)
+
+    @property
+    def qweight(self) -> QWeight:
+        key = tuple(t.data_ptr() for t in (self.qs, self.d, self.m, self.sc, self.mn, self.hb,
+                                           self.bias) if t is not None)
+        if self._qweight is None or self._qweight[0] != key:
+            self._qweight = (key, QWeight.of(self.kind, self.in_features, self.qs, self.d, self.m,
+                                             self.bias, self.sc, self.mn, self.hb))
+        return self._qweight[1]
+
+    def rows(self, ids: torch.Tensor | slice) -> torch.Tensor:
+        """Rows ``ids`` of the weight, dequantized exactly to float32 ``[T, K]``."""
+        return dequantize(self.blocks.rows(ids))
+
+    def extra_repr(self) -> str:
+        return (f"kind {self.kind} super-blocks, in={self.in_features}, out={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+
+class ChainLinear(BlockLinear):
+    """One linear whose row parts are native weights of different kinds (module doc)."""
+
+    def __init__(self, lib: QMatmulLibrary, parts: list[BlockLinear]):
+        nn.Module.__init__(self)
+        _needs_kquants(lib)
+        ks = {(p.in_features, p.qweight.kb) for p in parts}
+        if len(ks) != 1:
+            raise ValueError(f"chained parts need one input width and block count, got {sorted(ks)}")
+        self.lib, self.kind = lib, parts[0].kind
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self._qweight = None
+
+    @property
+    def qweight(self) -> QWeight:
+        """The head of the chain: copies of the parts' weights, each copy's ``next`` the
+        following copy (the parts' own stay unchained: each still runs alone)."""
+        heads = [p.qweight for p in self.parts]
+        key = tuple(id(h) for h in heads)
+        if self._qweight is None or self._qweight[0] != key:
+            links = [QWeight.from_buffer_copy(h) for h in heads]
+            for h, nxt in zip(links, links[1:] + [None]):
+                h.next = None if nxt is None else ctypes.addressof(nxt)
+            self._qweight = (key, links[0], links)     # the copies live as long as the key
+        return self._qweight[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        y = self.lib.matmul(self.qweight, xf, self.out_features)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def rows(self, ids: torch.Tensor | slice) -> torch.Tensor:
+        return torch.cat([p.rows(slice(None)) for p in self.parts])[ids]
+
+    def extra_repr(self) -> str:
+        return f"chain of {len(self.parts)} parts, in={self.in_features}, out={self.out_features}"
