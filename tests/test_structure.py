@@ -21,7 +21,7 @@ MAX_LINES = 330
 LAYERS = ("agentlang.runtime.server", "agentlang.runtime.engine", "agentlang.runtime.session",
           "agentlang.runtime.execution",
           "agentlang.runtime.scheduler", "agentlang.runtime.request", "agentlang.runtime.speculative",
-          "agentlang.runtime.sampling", "agentlang.runtime.grammar", "agentlang.runtime.models",
+          "agentlang.runtime.sampling", "agentlang.runtime.chat", "agentlang.runtime.grammar", "agentlang.runtime.models",
           "agentlang.runtime.attention", "agentlang.kernels", "agentlang.runtime.cache",
           "agentlang.runtime.weights", "agentlang.runtime.quant", "agentlang.runtime.core")
 

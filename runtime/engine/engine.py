@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from agentlang.runtime.chat.family import render
 from agentlang.runtime.core.agent_stats import AgentStats
 from agentlang.runtime.attention.base import make_backend
 from agentlang.runtime.execution.cuda_graph import make_decode_graphs
@@ -123,9 +124,8 @@ class Engine:
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
         return self.generate(messages, params)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kw) -> str:
+        return render(self.tokenizer, messages, add_generation_prompt, **kw)   # kw: tools, enable_thinking, ...
 
     def generate(self, prompts: PromptInput, params: SamplingParams | Sequence[SamplingParams] | None = None,
                  prefill_only: bool = False):

@@ -38,13 +38,19 @@ class Constraint:
     ``tool_calls`` → a JSON list of ``{"name", "parameters"}``: free text in which every
     ``<tool_call>`` starts a call ``{"name": "<name>", "arguments": <parameters instance>}``
     closed by ``</tool_call>`` (``tool_choice="auto"``: a started call is always valid).
+    In another family's call format (:mod:`~agentlang.runtime.grammar.tool_format`), or with
+    ``forced`` (``tool_choice`` required / named: one call and nothing else), the spec is
+    ``{"format", "forced", "tools"}``.
     ``json_indent`` is only set for ``json_schema``: ``None`` means compact JSON (no whitespace
-    at all), an int means pretty-printed with that indent.
+    at all), an int means pretty-printed with that indent. ``reasoning`` (a key of
+    :data:`~agentlang.runtime.grammar.tool_format.REASONING`): the output opens with that
+    reasoning block, free text, and the constraint applies after it (json_schema, tool_calls).
     """
 
     kind: str
     spec: str
     json_indent: int | None = None
+    reasoning: str | None = None
 
     def schema(self) -> dict[str, Any]:
         assert self.kind == "json_schema", self.kind
@@ -56,7 +62,14 @@ class Constraint:
 
     def tools(self) -> list[dict]:
         assert self.kind == "tool_calls", self.kind
-        return json.loads(self.spec)
+        spec = json.loads(self.spec)
+        return spec["tools"] if isinstance(spec, dict) else spec
+
+    def call_format(self) -> tuple[str, bool]:
+        """``(format name, forced)`` of a tool_calls constraint."""
+        assert self.kind == "tool_calls", self.kind
+        spec = json.loads(self.spec)
+        return (spec["format"], spec["forced"]) if isinstance(spec, dict) else ("agentlang", False)
 
     def type_regex(self) -> str:
         assert self.kind == "type", self.kind
@@ -70,7 +83,8 @@ def constraint_from_params(
     grammar: str | None = None,
     value_type: str | None = None,
     json_indent: int | None = None,
-    tool_calls: list[dict] | None = None,
+    tool_calls: list[dict] | dict | None = None,
+    reasoning: str | None = None,
 ) -> Constraint | None:
     """Validate the structured-output fields of a request; ``None`` when none is set.
 
@@ -93,9 +107,19 @@ def constraint_from_params(
         if isinstance(json_indent, bool) or not isinstance(json_indent, int) or json_indent < 0:
             raise ValueError(f"json_indent: must be a non-negative int or None, got {json_indent!r}")
     if not given:
+        if reasoning is not None:
+            raise ValueError("reasoning: only applies together with json_schema or tool_calls")
         return None
+    if reasoning is not None:
+        from agentlang.runtime.grammar.tool_format import REASONING
+
+        if reasoning not in REASONING:
+            raise ValueError(f"reasoning: unknown block {reasoning!r}; accepted: {', '.join(REASONING)}")
+        if json_schema is None and tool_calls is None:
+            raise ValueError(f"reasoning: only applies together with json_schema or tool_calls, "
+                             f"not {given[0]}")
     if json_schema is not None:
-        return Constraint("json_schema", _normalize_schema(json_schema), json_indent)
+        return Constraint("json_schema", _normalize_schema(json_schema), json_indent, reasoning)
     if regex is not None:
         return Constraint("regex", _validate_regex(regex))
     if choices is not None:
@@ -103,7 +127,7 @@ def constraint_from_params(
     if grammar is not None:
         return Constraint("grammar", _validate_lark(grammar))
     if tool_calls is not None:
-        return Constraint("tool_calls", _normalize_tools(tool_calls))
+        return Constraint("tool_calls", _normalize_tool_calls(tool_calls), reasoning=reasoning)
     if value_type not in VALUE_TYPE_REGEX:
         raise ValueError(
             f"value_type: unknown type {value_type!r}; accepted: {', '.join(VALUE_TYPE_REGEX)}"
@@ -142,6 +166,27 @@ def _normalize_schema(schema: dict | str | type, field: str = "json_schema") -> 
         return json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{field}: not serializable as JSON: {e}") from None
+
+
+def _normalize_tool_calls(value: list[dict] | dict) -> str:
+    """The list form (agentlang's format, free text), or ``{"tools", "format", "forced"}``."""
+    from agentlang.runtime.grammar.tool_format import FORMATS
+
+    if not isinstance(value, dict):
+        return _normalize_tools(value)
+    fmt, forced = value.get("format", "agentlang"), value.get("forced", False)
+    if fmt not in FORMATS:
+        raise ValueError(f"tool_calls.format: unknown format {fmt!r}; accepted: {', '.join(FORMATS)}")
+    if not isinstance(forced, bool):
+        raise ValueError(f"tool_calls.forced: must be true or false, got {forced!r}")
+    extra = set(value) - {"tools", "format", "forced"}
+    if extra:
+        raise ValueError(f"tool_calls: unknown keys {sorted(extra)}; accepted: tools, format, forced")
+    tools = json.loads(_normalize_tools(value.get("tools")))
+    if fmt == "agentlang" and not forced:
+        return json.dumps(tools, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps({"format": fmt, "forced": forced, "tools": tools},
+                      separators=(",", ":"), ensure_ascii=False)
 
 
 def _normalize_tools(tools: list[dict]) -> str:

@@ -29,6 +29,7 @@ from agentlang.runtime.grammar.regex_ebnf import ebnf_string
 from agentlang.runtime.grammar.schema_support import check_schema_support
 from agentlang.runtime.grammar.schema_unroll import bound_recursion
 from agentlang.runtime.grammar.vocab import TokenVocab
+from agentlang.runtime.grammar.tool_format import after_reasoning, structural_tag
 
 DEBUG_STATE = "_debug_print_internal_state"
 _STEPS = re.compile(r"There are (\d+) steps")
@@ -90,6 +91,14 @@ class XGrammarBackend(GrammarBackend):
             ) from None
 
     def _compile(self, c: Constraint):
+        if c.kind == "json_schema" and c.reasoning:
+            import xgrammar as xgr
+
+            schema = bound_recursion(c.schema())
+            check_schema_support(schema, self.name)
+            tag = {"type": "structural_tag", "format": after_reasoning(
+                {"type": "json_schema", "json_schema": schema}, c.reasoning)}
+            return self._compiler.compile_grammar(xgr.Grammar.from_structural_tag(json.dumps(tag)))
         if c.kind == "json_schema":
             schema = bound_recursion(c.schema())
             check_schema_support(schema, self.name)
@@ -108,6 +117,12 @@ class XGrammarBackend(GrammarBackend):
         if c.kind == "choices":
             alts = " | ".join(f"({ebnf_string(s)})" for s in c.choice_list())
             return self._compiler.compile_grammar(f"root ::= {alts}\n")
+        if c.kind == "tool_calls" and (c.call_format() != ("agentlang", False) or c.reasoning):
+            import xgrammar as xgr
+
+            fmt, forced = c.call_format()
+            tag = structural_tag(fmt, c.tools(), forced, c.reasoning, bound_recursion)
+            return self._compiler.compile_grammar(xgr.Grammar.from_structural_tag(json.dumps(tag)))
         if c.kind == "tool_calls":
             import xgrammar as xgr
 

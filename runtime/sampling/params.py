@@ -46,8 +46,10 @@ class SamplingParams:
     choices: list[str] | None = None
     grammar: str | None = None        # Lark grammar
     value_type: str | None = None     # "int" | "float" | "bool" | "str"
-    tool_calls: list[dict] | None = None  # [{"name", "parameters"}]: text with valid calls
+    tool_calls: list[dict] | dict | None = None  # [{"name", "parameters"}] (or {tools, format,
+                                      # forced}: grammar.tool_format): text with valid calls
     json_indent: int | None = None    # None = compact JSON
+    reasoning: str | None = None      # "think": the constraint applies after a <think> block
     jump_forward: bool = True
     speculative: bool | None = None   # drafts from the context (agentlang.runtime.speculative);
                                       # None: the engine's setting
@@ -102,7 +104,7 @@ class SamplingParams:
         ``None`` when none is set. ``ValueError`` naming the field for a bad or unsatisfiable
         constraint (not remembered: raised again on the next use). Set the constraint fields
         before first use: later changes are not seen."""
-        return constraint_from_params(json_indent=self.json_indent,
+        return constraint_from_params(json_indent=self.json_indent, reasoning=self.reasoning,
                                       **{k: getattr(self, k) for k in CONSTRAINT_FIELDS})
 
     def constraint_field(self) -> str | None:

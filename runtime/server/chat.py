@@ -4,7 +4,9 @@ template renders.
 Content may be a string or a list of ``{"type": "text", "text": ...}`` parts (joined); role
 ``developer`` is an alias of ``system``; an assistant turn's ``tool_calls`` are rendered as the
 ``<tool_call>`` blocks the tool prompt asks for, so a conversation replays the way it was
-generated. Every problem raises a 400 naming ``messages[i]...``.
+generated — or, for a model whose template renders tools itself (``structured_calls``), kept
+as ``tool_calls`` with parsed arguments (and a tool turn's ``tool_call_id`` / ``name``) for the
+template to write in its own format. Every problem raises a 400 naming ``messages[i]...``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from agentlang.runtime.server.protocol import ROLES, ChatMessage
 from agentlang.runtime.server.tools import ToolPlan
 
 
-def normalize_messages(messages: list[ChatMessage], field: str = "messages") -> list[dict]:
+def normalize_messages(messages: list[ChatMessage], field: str = "messages",
+                       structured_calls: bool = False) -> list[dict]:
     if not messages:
         raise bad_request(f"{field}: must contain at least one message", field)
     out = []
@@ -26,8 +29,10 @@ def normalize_messages(messages: list[ChatMessage], field: str = "messages") -> 
             raise bad_request(f"{where}.role: must be one of {list(ROLES)}, got {m.role!r}",
                               f"{where}.role")
         text = _content_text(m.content, f"{where}.content")
-        if m.tool_calls:
-            text += _render_tool_calls(m.tool_calls, f"{where}.tool_calls")
+        calls = _parse_tool_calls(m.tool_calls or [], f"{where}.tool_calls")
+        if calls and not structured_calls:
+            text += "\n".join(f"<tool_call>{json.dumps(c, ensure_ascii=False)}</tool_call>"
+                               for c in calls)
         if m.content is None and not m.tool_calls:
             raise bad_request(f"{where}.content: is required (only an assistant turn with "
                               "tool_calls may omit it)", f"{where}.content")
@@ -35,7 +40,14 @@ def normalize_messages(messages: list[ChatMessage], field: str = "messages") -> 
             raise bad_request(f"{where}.tool_calls: only assistant messages have tool calls",
                               f"{where}.tool_calls")
         role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": text})
+        msg = {"role": role, "content": text}
+        if structured_calls:
+            if calls:
+                msg["tool_calls"] = [{"id": (m.tool_calls[j] or {}).get("id") or f"call_{i}_{j}",
+                                      "type": "function", "function": c}
+                                     for j, c in enumerate(calls)]
+            msg.update({k: getattr(m, k) for k in ("tool_call_id", "name") if getattr(m, k)})
+        out.append(msg)
     return out
 
 
@@ -70,8 +82,9 @@ def _content_text(content: object, where: str) -> str:
                       f"got {type(content).__name__}", where)
 
 
-def _render_tool_calls(calls: list[dict], where: str) -> str:
-    blocks = []
+def _parse_tool_calls(calls: list[dict], where: str) -> list[dict]:
+    """Each call as ``{"name", "arguments": <parsed object>}``."""
+    out = []
     for j, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -83,6 +96,5 @@ def _render_tool_calls(calls: list[dict], where: str) -> str:
         except json.JSONDecodeError:
             raise bad_request(f"{where}[{j}].function.arguments: not valid JSON",
                               f"{where}[{j}].function.arguments") from None
-        call = json.dumps({"name": fn["name"], "arguments": args_obj}, ensure_ascii=False)
-        blocks.append(f"<tool_call>{call}</tool_call>")
-    return "\n".join(blocks)
+        out.append({"name": fn["name"], "arguments": args_obj})
+    return out

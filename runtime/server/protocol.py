@@ -151,6 +151,8 @@ class ChatCompletionRequest(SamplingFields):
                          "properties": {"name": {"type": "string"}}}}},
         {"type": "null"}]}) = None
     parallel_tool_calls: bool | None = None
+    # vLLM's and SGLang's: keywords for the model's chat template (e.g. enable_thinking)
+    chat_template_kwargs: dict | None = None
 
 
 MAX_PROMPTS = 256

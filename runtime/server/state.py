@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentlang.runtime.chat.family import ChatFamily, ChatTemplateError
 from agentlang.runtime.engine.engine import Engine, PrefixHandle
 from agentlang.runtime.sampling.params import SamplingParams
 from agentlang.runtime.core.errors import EngineValueError
@@ -25,6 +26,7 @@ class ServerState:
     served_model_name: str | None = None
     metrics: ServerMetrics = field(init=False)
     tokens: TokenTexts = field(init=False)
+    family: ChatFamily = field(init=False)      # the model's tool-call and reasoning format
     created: int = field(default_factory=lambda: int(time.time()))
     prefixes: dict[str, PrefixHandle] = field(default_factory=dict)
     native_rids: set[str] = field(default_factory=set)   # running /generate rids (abort)
@@ -35,6 +37,7 @@ class ServerState:
         self.served_model_name = self.served_model_name or self.engine.model_name
         self.metrics = ServerMetrics(self.engine)
         self.tokens = TokenTexts(self.engine.tokenizer)
+        self.family = ChatFamily.of(self.engine.tokenizer)   # ChatFamilyError: not served
 
     # ---- names and limits ---------------------------------------------------------------
     @property
@@ -76,8 +79,14 @@ class ServerState:
         except ValueError as e:
             raise from_value_error(e) from None
 
-    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        text = self.engine.apply_chat_template(messages, add_generation_prompt)
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True,
+                 **template_kwargs: Any) -> list[int]:
+        """``messages`` rendered by the model's template (``template_kwargs``: ``tools``,
+        ``chat_template_kwargs``) and encoded; a template that fails is a 400 on ``messages``."""
+        try:
+            text = self.engine.apply_chat_template(messages, add_generation_prompt, **template_kwargs)
+        except ChatTemplateError as e:
+            raise bad_request(f"messages: {e}", "messages") from None
         return self.engine.tokenizer.encode(text, add_special_tokens=False)
 
     # ---- sampling parameters ------------------------------------------------------------

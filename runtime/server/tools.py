@@ -1,5 +1,11 @@
 """Function tools of the chat endpoint: validation, prompting, enforcement and parsing.
 
+Each model family writes calls its own way (:mod:`agentlang.runtime.grammar.tool_format`,
+chosen from its chat template by :class:`~agentlang.runtime.chat.family.ChatFamily`): a family
+whose template renders tools (Qwen's Hermes ``<tool_call>``, Mistral's ``[TOOL_CALLS]``, Llama
+3's JSON) gets them through its template and its calls are constrained and parsed in its
+format; other models get agentlang's own prompt and format (below).
+
 ``tool_choice``:
 - ``"none"``: tools are ignored.
 - ``"auto"`` (default when tools are given): the tools are described in the system prompt and a
@@ -10,7 +16,8 @@
   of the call follows the tools' schemas, so a started call is always a valid call.
 - ``"required"`` / ``{"type": "function", "function": {"name": N}}``: the output is constrained
   by a JSON schema ``{"name": const, "arguments": <the tool's parameters>}`` (``anyOf`` over the
-  tools for ``required``), so the arguments always parse and validate.
+  tools for ``required``), so the arguments always parse and validate; in a family's format,
+  to exactly one call written that way.
 """
 
 from __future__ import annotations
@@ -21,13 +28,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from agentlang.runtime.grammar.tool_format import parse_calls
 from agentlang.runtime.server.errors import APIError, bad_request
 from agentlang.runtime.server.protocol import TOOL_NAME_PATTERN, Tool
 
 NAME_RE = re.compile(TOOL_NAME_PATTERN)
 EMPTY_PARAMS = {"type": "object", "properties": {}}
-_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 
 TOOL_PROMPT = (
     "You can call functions. To call one, reply with only a JSON object inside tags:\n"
@@ -57,6 +63,7 @@ class ToolPlan:
     mode: str
     tools: tuple[ToolSpec, ...]
     forced: str | None = None                # the named function (mode "named")
+    format: str = "agentlang"                # grammar.tool_format.FORMATS: how calls are written
 
     @property
     def active(self) -> bool:
@@ -82,43 +89,33 @@ class ToolPlan:
         """The tools as the ``tool_calls`` constraint takes them (``tool_choice="auto"``)."""
         return [{"name": t.name, "parameters": t.parameters} for t in self.tools]
 
-    def parse(self, text: str) -> tuple[list[dict], str | None] | None:
-        """``(tool_calls, remaining content or None)`` found in ``text``, or ``None`` when it is
-        not a valid call of one of the tools (then the text is plain content)."""
-        blocks = list(_CALL_BLOCK.finditer(text))
-        if blocks:
-            candidates = [m.group(1) for m in blocks]
-            rest = _CALL_BLOCK.sub("", text).strip() or None
-        else:
-            stripped = text.strip()
-            fence = _FENCE.match(stripped)
-            candidates, rest = [fence.group(1) if fence else stripped], None
-        calls = []
-        for c in candidates:
-            call = self._parse_one(c)
-            if call is None:
-                return None
-            calls.append(call)
-        return (calls, rest) if calls else None
+    def constraint(self) -> dict:
+        """The SamplingParams constraint field of this plan: calls in its format, free text
+        around them (auto) or exactly one call (required / named); agentlang's forced call is
+        the JSON object of :meth:`constraint_schema`."""
+        if self.enforced and self.format == "agentlang":
+            return {"json_schema": self.constraint_schema()}
+        tools = [t for t in self.call_tools() if self.mode != "named" or t["name"] == self.forced]
+        return {"tool_calls": {"tools": tools, "format": self.format, "forced": self.enforced}}
 
-    def _parse_one(self, text: str) -> dict | None:
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError:
+    def template_tools(self) -> list[dict]:
+        """The tools as chat templates take them (OpenAI's ``tools`` items)."""
+        return [{"type": "function", "function": {"name": t.name, "description": t.description or "",
+                                                  "parameters": t.parameters}} for t in self.tools]
+
+    def parse(self, text: str) -> tuple[list[dict], str | None] | None:
+        """``(tool_calls, remaining content or None)`` found in ``text`` (in this plan's format),
+        or ``None`` when it is not a valid call of one of the tools (then it is plain content)."""
+        found = parse_calls(self.format, text)
+        if found is None:
             return None
-        if not isinstance(obj, dict) or set(obj) - {"name", "arguments", "parameters"}:
-            return None
-        name = obj.get("name")
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
+        calls = []
+        for name, args in found[0]:
+            spec = next((t for t in self.tools if t.name == name), None)
+            if spec is None or not _valid(args, spec.parameters):
                 return None
-        spec = next((t for t in self.tools if t.name == name), None)
-        if spec is None or not isinstance(args, dict) or not _valid(args, spec.parameters):
-            return None
-        return tool_call(name, args)
+            calls.append(tool_call(name, args))
+        return (calls, found[1]) if calls else None
 
 
 def tool_call(name: str, args: dict) -> dict:
@@ -132,8 +129,9 @@ def _valid(args: dict, schema: dict) -> bool:
     return jsonschema.validators.validator_for(schema)(schema).is_valid(args)
 
 
-def plan_tools(tools: list[Tool] | None, tool_choice: Any) -> ToolPlan:
-    """Validate ``tools`` and ``tool_choice``; raises a 400 :class:`APIError` naming the field."""
+def plan_tools(tools: list[Tool] | None, tool_choice: Any, fmt: str = "agentlang") -> ToolPlan:
+    """Validate ``tools`` and ``tool_choice`` (calls written in format ``fmt``); raises a 400
+    :class:`APIError` naming the field."""
     if tools is not None and not tools:
         raise bad_request("tools: must be a non-empty list when given", "tools")
     specs = tuple(_check_tool(i, t) for i, t in enumerate(tools or []))
@@ -142,18 +140,18 @@ def plan_tools(tools: list[Tool] | None, tool_choice: Any) -> ToolPlan:
     if dup:
         raise bad_request(f"tools: duplicate function name(s) {sorted(dup)}", "tools")
     if tool_choice is None:
-        return ToolPlan("auto" if specs else "none", specs)
+        return ToolPlan("auto" if specs else "none", specs, format=fmt)
     if not specs and tool_choice != "none":
         raise bad_request("tool_choice: only allowed when tools are given", "tool_choice")
     if tool_choice in ("none", "auto", "required"):
-        return ToolPlan(tool_choice, specs)
+        return ToolPlan(tool_choice, specs, format=fmt)
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function" \
             and isinstance(tool_choice.get("function"), dict):
         name = tool_choice["function"].get("name")
         if name not in names:
             raise bad_request(f"tool_choice.function.name: {name!r} is not one of the tools "
                               f"{names}", "tool_choice")
-        return ToolPlan("named", specs, name)
+        return ToolPlan("named", specs, name, fmt)
     raise bad_request('tool_choice: must be "none", "auto", "required" or '
                       '{"type": "function", "function": {"name": ...}}, '
                       f"got {tool_choice!r}", "tool_choice")

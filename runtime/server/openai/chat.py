@@ -1,4 +1,10 @@
-"""``POST /v1/chat/completions`` (plain and streaming)."""
+"""``POST /v1/chat/completions`` (plain and streaming).
+
+Tools are written and parsed in the model family's format (``state.family``, see
+:mod:`agentlang.runtime.server.tools`); a model that thinks (Qwen3's ``<think>``, on unless
+``chat_template_kwargs`` sets ``enable_thinking`` false) has its reasoning block split into
+``message.reasoning_content`` (streamed as ``delta.reasoning_content``), and a response format
+or tool constraint applies to the answer after the block, not to the block."""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from agentlang.runtime.chat.reasoning import ReasoningSplit
+from agentlang.runtime.grammar.tool_format import FORMATS
 from agentlang.runtime.request.outputs import RequestOutput
 from agentlang.runtime.sampling.params import SamplingParams
 from agentlang.runtime.server.chat import normalize_messages, with_tool_prompt
@@ -30,7 +38,6 @@ from agentlang.runtime.server.streaming import DONE, SSE_HEADERS, error_event, m
 from agentlang.runtime.server.tools import ToolPlan, plan_tools
 
 router = APIRouter()
-_TAG = "<tool_call>"
 
 
 @router.post("/v1/chat/completions", responses=STREAMED | SESSION_ERRORS,
@@ -40,22 +47,30 @@ async def chat_completions(request: Request):
     req = await parse_body(request, ChatCompletionRequest)
     take_session_header(request, req)
     state.check_model(req.model)
-    plan = plan_tools(req.tools, req.tool_choice)
-    messages = with_tool_prompt(normalize_messages(req.messages), plan)
-    ids = state.chat_ids(messages)
-    params, cparam = _params(state, req, plan, len(ids))
+    family = state.family
+    plan = plan_tools(req.tools, req.tool_choice, family.tool_format)
+    kwargs = dict(req.chat_template_kwargs or {})
+    if family.native_tools:
+        messages = normalize_messages(req.messages, structured_calls=True)
+        if plan.active:
+            kwargs["tools"] = plan.template_tools()
+    else:
+        messages = with_tool_prompt(normalize_messages(req.messages), plan)
+    ids = state.chat_ids(messages, **kwargs)
+    reasoning = family.reasoning if family.thinking(req.chat_template_kwargs) else None
+    params, cparam = _params(state, req, plan, len(ids), reasoning)
     state.engine.sessions.check(params, len(ids))
     await state.compile_constraint(params, cparam)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(
-            _stream(state, plan, ids, params, rid, created, include_usage),
+            _stream(state, plan, reasoning, ids, params, rid, created, include_usage),
             media_type="text/event-stream", headers=SSE_HEADERS)
     out = await until_disconnect(request, state.engine.async_generate(ids, params, rid))
     state.metrics.observe("chat", out.meta, "error" if out.error else "ok")
     out = check_output(out)
-    choices = [_choice(state, plan, c.index, c.text, c.finish_reason, c.logprobs, params)
+    choices = [_choice(state, plan, reasoning, c.index, c.text, c.finish_reason, c.logprobs, params)
                for c in out.outputs]
     return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
                          "model": state.served_model_name, "choices": choices,
@@ -63,7 +78,7 @@ async def chat_completions(request: Request):
 
 
 def _params(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan,
-            prompt_len: int) -> tuple[SamplingParams, str | None]:
+            prompt_len: int, reasoning: str | None) -> tuple[SamplingParams, str | None]:
     mt_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     requested = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
@@ -75,41 +90,50 @@ def _params(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan,
     constraint, cparam = constraint_fields(
         req, plan, constrain_auto_calls=state.engine.config.grammar_backend == "xgrammar")
     fields.update(constraint)
+    if reasoning and ("json_schema" in constraint or "tool_calls" in constraint):
+        fields["reasoning"] = reasoning         # constrain the answer after the block
     param_map = {"max_tokens": mt_param, "logprobs": "top_logprobs"}
     if cparam is not None:
         param_map.update(json_schema=cparam, json_indent=cparam)
     return state.sampling_params(fields, param_map), cparam
 
 
-def _message(plan: ToolPlan, text: str, reason: str | None) -> tuple[dict, str | None]:
-    """The assistant message for ``text`` (tool calls parsed when tools are active)."""
+def _message(plan: ToolPlan, text: str, reason: str | None,
+             thought: str | None = None) -> tuple[dict, str | None]:
+    """The assistant message for answer ``text`` (tool calls parsed when tools are active;
+    ``thought``: the reasoning block's text, when the model has one)."""
+    extra = {} if thought is None else {"reasoning_content": thought}
     if plan.active:
         parsed = plan.parse(text)
         if parsed is not None:
             calls, content = parsed
-            return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
-    return {"role": "assistant", "content": text}, finish_reason(reason)
+            return {"role": "assistant", "content": content, **extra, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": text, **extra}, finish_reason(reason)
 
 
-def _choice(state: ServerState, plan: ToolPlan, index: int, text: str, reason: str | None,
-            lps, params: SamplingParams) -> dict:
-    message, fr = _message(plan, text, reason)
+def _choice(state: ServerState, plan: ToolPlan, reasoning: str | None, index: int, text: str,
+            reason: str | None, lps, params: SamplingParams) -> dict:
+    thought = None
+    if reasoning:
+        thought, text = ReasoningSplit(reasoning).split(text)
+    message, fr = _message(plan, text, reason, thought)
     logprobs = None
     if params.logprobs is not None and lps is not None:
         logprobs = chat_logprobs(lps, state.tokens, params.logprobs)
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": fr}
 
 
-def _could_be_call(text: str) -> bool | None:
-    """Whether streamed text may be a tool call: ``None`` while undecided."""
+def _could_be_call(text: str, trigger: str) -> bool | None:
+    """Whether streamed text may be a tool call (opened by ``trigger``): ``None`` while undecided."""
     s = text.lstrip()
-    if not s or (_TAG.startswith(s) and s != _TAG):
+    if not s or (trigger.startswith(s) and s != trigger):
         return None
-    return s.startswith((_TAG, "{", "```"))
+    return s.startswith((trigger, "{", "```"))
 
 
-async def _stream(state: ServerState, plan: ToolPlan, ids: list[int], params: SamplingParams,
-                  rid: str, created: int, include_usage: bool) -> AsyncIterator[str]:
+async def _stream(state: ServerState, plan: ToolPlan, reasoning: str | None, ids: list[int],
+                  params: SamplingParams, rid: str, created: int,
+                  include_usage: bool) -> AsyncIterator[str]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created,
             "model": state.served_model_name, "system_fingerprint": None}
 
@@ -125,6 +149,8 @@ async def _stream(state: ServerState, plan: ToolPlan, ids: list[int], params: Sa
             return None
         return chat_logprobs(items, state.tokens, params.logprobs)
 
+    trigger = FORMATS[plan.format].trigger
+    splits: dict[int, ReasoningSplit] = {}  # per choice: its reasoning block, split off
     held: dict[int, str] = {}          # text held back while it may be a tool call
     held_lps: dict[int, list] = {}
     hold: dict[int, bool | None] = {}  # per choice: True hold all, False stream, None undecided
@@ -135,16 +161,19 @@ async def _stream(state: ServerState, plan: ToolPlan, ids: list[int], params: Sa
             i = d.index
             if i not in hold:
                 hold[i] = True if plan.enforced else (None if plan.active else False)
-                held[i], held_lps[i] = "", []
+                held[i], held_lps[i], splits[i] = "", [], ReasoningSplit(reasoning)
                 yield chunk(i, {"role": "assistant", "content": ""})
+            thought, text = splits[i].feed(d.text)
+            if thought:
+                yield chunk(i, {"reasoning_content": thought})
             if hold[i] is False:
-                if d.text or d.logprobs:
-                    yield chunk(i, {"content": d.text}, logprobs=lp(d.logprobs))
+                if text or d.logprobs:
+                    yield chunk(i, {"content": text}, logprobs=lp(d.logprobs))
             else:
-                held[i] += d.text
+                held[i] += text
                 held_lps[i] += d.logprobs or []
                 if hold[i] is None:
-                    hold[i] = _could_be_call(held[i])
+                    hold[i] = _could_be_call(held[i], trigger)
                     if hold[i] is False:
                         yield chunk(i, {"content": held[i]}, logprobs=lp(held_lps[i]))
             if d.output is not None:
@@ -155,6 +184,13 @@ async def _stream(state: ServerState, plan: ToolPlan, ids: list[int], params: Sa
         for c in final.outputs:
             i = c.index
             reason = finish_reason(c.finish_reason)
+            thought, text = splits[i].flush() if i in splits else ("", "")
+            if thought:
+                yield chunk(i, {"reasoning_content": thought})
+            if text and hold.get(i) is False:
+                yield chunk(i, {"content": text})
+            elif text:
+                held[i] += text
             if hold.get(i) is not False:
                 message, reason = _message(plan, held.get(i, ""), c.finish_reason)
                 if "tool_calls" in message:

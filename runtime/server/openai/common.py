@@ -70,10 +70,10 @@ def constraint_fields(req: ChatCompletionRequest | CompletionRequest,
         if getattr(req, name) is not None:
             sources.append((name, {name: getattr(req, name)}))
     if plan is not None and plan.enforced:
-        sources.append(("tool_choice", {"json_schema": plan.constraint_schema()}))
+        sources.append(("tool_choice", plan.constraint()))
     elif constrain_auto_calls and plan is not None and plan.active and not sources:
-        # tool_choice="auto": free text, but a started <tool_call> is a valid call
-        sources.append(("tools", {"tool_calls": plan.call_tools()}))
+        # tool_choice="auto": free text, but a started call (its format's marker) is valid
+        sources.append(("tools", plan.constraint()))
     if len(sources) > 1:
         names = [s[0] for s in sources]
         raise bad_request(f"{names[1]}: only one output constraint may be given, got "

@@ -1,0 +1,85 @@
+"""A reasoning block (Qwen3's ``<think>…</think>``) split from the answer, incrementally: the
+streamed route feeds each delta, the plain route feeds the whole text; both get the same split.
+
+The block counts only at the very start of the output (leading whitespace aside); its text goes
+to ``reasoning_content`` and what follows ``</think>`` (its leading blank lines dropped) is the
+answer. Text that could still be the start of ``<think>`` or of ``</think>`` is held back until
+the next delta decides it; an output cut inside the block is all reasoning.
+"""
+
+from __future__ import annotations
+
+from agentlang.runtime.grammar.tool_format import REASONING
+
+
+class ReasoningSplit:
+    """``feed(text) -> (reasoning delta, answer delta)``; ``flush()`` at the end."""
+
+    def __init__(self, reasoning: str | None):
+        begin, end = REASONING[reasoning] if reasoning else ("", "")
+        self.begin, self.close = begin, end.strip()
+        self.state = "start" if reasoning else "answer"   # start | inside | after | answer
+        self.buf = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        if self.state == "answer":
+            return "", text
+        self.buf += text
+        if self.state == "start":
+            s = self.buf.lstrip()
+            if not s or (len(s) < len(self.begin) and self.begin.startswith(s)):
+                return "", ""                                    # undecided
+            if not s.startswith(self.begin):
+                self.state, out, self.buf = "answer", self.buf, ""
+                return "", out
+            self.state, self.buf = "inside", s[len(self.begin):]
+        if self.state == "inside":
+            at = self.buf.find(self.close)
+            if at < 0:
+                keep = _partial_suffix(self.buf, self.close)
+                out = self.buf[:len(self.buf) - keep]
+                kept = len(out) - len(out.rstrip())           # trailing blanks: maybe the last
+                out, self.buf = out[:len(out) - kept], self.buf[len(out) - kept:]
+                return _lstrip_first(out, self), ""
+            reasoning, self.buf = self.buf[:at], self.buf[at + len(self.close):]
+            self.state, self.started = "after", False
+            return _lstrip_first(reasoning, self).rstrip(), self._after()
+        return "", self._after()
+
+    def _after(self) -> str:
+        out, self.buf = self.buf.lstrip() if not getattr(self, "answered", False) else self.buf, ""
+        if out:
+            self.answered = True
+        return out
+
+    def flush(self) -> tuple[str, str]:
+        """What is held back: the rest of a cut block (reasoning), or undecided text (answer)."""
+        out, self.buf = self.buf, ""
+        if self.state == "inside":
+            return out.rstrip(), ""
+        return "", out if self.state != "after" else out.lstrip()
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """The whole output at once: ``(reasoning or None when there is no block, answer)``."""
+        r1, a1 = self.feed(text)
+        r2, a2 = self.flush()
+        had_block = self.state in ("inside", "after")
+        return (r1 + r2 if had_block else None), a1 + a2
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
+    for k in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-k:]):
+            return k
+    return 0
+
+
+def _lstrip_first(text: str, split: ReasoningSplit) -> str:
+    """The block's leading newline (``<think>\\n``) dropped from its first text."""
+    if getattr(split, "reasoned", False):
+        return text
+    text = text.lstrip("\n")
+    if text:
+        split.reasoned = True
+    return text

@@ -1,0 +1,120 @@
+"""How a model family writes a tool call, in one table: the marker that starts a call in free
+text, the text around each call, and the key of its arguments — used to constrain calls
+(:func:`structural_tag`, compiled by the xgrammar backend) and to parse them
+(:func:`parse_calls`), so what is enforced is what is parsed.
+
+* ``agentlang``: agentlang's own tools prompt (models whose template has no tools):
+  ``<tool_call>{"name": N, "arguments": {...}}</tool_call>``.
+* ``hermes`` (Qwen2.5 / Qwen3, Hermes): ``<tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>``.
+* ``mistral``: ``[TOOL_CALLS][{"name": N, "arguments": {...}}]``.
+* ``llama3_json`` (Llama 3.1+ with its JSON tool prompt): ``{"name": N, "parameters": {...}}``.
+
+A reasoning block (``REASONING["think"]``: Qwen3's ``<think>…</think>``) may precede the
+constrained part: the constraint then applies to what follows the block, not to the block.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    trigger: str           # starts a call in free text (the constraint's trigger)
+    head: str              # before the call's name: begin = head + '{"name": ' + name
+    args_key: str          # "arguments" or "parameters"
+    tail: str              # after the arguments object's closing brace
+
+    def begin(self, name: str) -> str:
+        return f'{self.head}{{"name": {json.dumps(name)}, "{self.args_key}": '
+
+    @property
+    def end(self) -> str:
+        return "}" + self.tail
+
+
+FORMATS = {f.name: f for f in (
+    ToolFormat("agentlang", "<tool_call>", "<tool_call>", "arguments", "</tool_call>"),
+    ToolFormat("hermes", "<tool_call>", "<tool_call>\n", "arguments", "\n</tool_call>"),
+    ToolFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS][", "arguments", "]"),
+    ToolFormat("llama3_json", '{"name": ', "", "parameters", ""),
+)}
+REASONING = {"think": ("<think>", "</think>\n\n")}     # begin, end as Qwen3's template writes them
+
+
+def structural_tag(fmt: str, tools: list[dict], forced: bool, reasoning: str | None,
+                   schema_of=lambda s: s) -> dict:
+    """The xgrammar structural tag of calls in format ``fmt`` to ``tools`` ([{name,
+    parameters}]): free text with every started call valid, or (``forced``) one call and
+    nothing else; after a reasoning block when ``reasoning`` is set. ``schema_of`` prepares
+    each parameters schema (the backend bounds recursion)."""
+    f = FORMATS[fmt]
+    tags = [{"type": "tag", "begin": f.begin(t["name"]), "end": f.end,
+             "content": {"type": "json_schema", "json_schema": schema_of(t["parameters"])}}
+            for t in tools]
+    if forced:
+        body = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
+    else:
+        body = {"type": "triggered_tags", "triggers": [f.trigger], "tags": tags}
+    return {"type": "structural_tag", "format": after_reasoning(body, reasoning)}
+
+
+def after_reasoning(body: dict, reasoning: str | None) -> dict:
+    """``body`` (a structural-tag format), preceded by the reasoning block if one is set."""
+    if reasoning is None:
+        return body
+    begin, end = REASONING[reasoning]
+    think = {"type": "tag", "begin": begin, "content": {"type": "any_text"}, "end": end}
+    return {"type": "sequence", "elements": [think, body]}
+
+
+def parse_calls(fmt: str, text: str) -> tuple[list[tuple[str, object]], str | None] | None:
+    """``([(name, arguments)], the text around the calls or None)`` in format ``fmt``, or None
+    when ``text`` holds no well-formed call (validation against the tools is the caller's).
+    Every format also accepts a bare ``{"name", "arguments" | "parameters"}`` object, or one in
+    a Markdown fence, as the whole text (what a forced call in agentlang's format is)."""
+    f = FORMATS[fmt]
+    if fmt == "mistral" and f.trigger in text:
+        before, _, after = text.partition(f.trigger)
+        try:
+            items, end = json.JSONDecoder().raw_decode(after.lstrip())
+        except json.JSONDecodeError:
+            return None
+        items = items if isinstance(items, list) else [items]
+        calls = [_call(i) for i in items]
+        rest = (before + after.lstrip()[end:]).strip() or None
+        return (calls, rest) if calls and None not in calls else None
+    if f.trigger == "<tool_call>":
+        blocks = list(_BLOCK.finditer(text))
+        if blocks:
+            calls = [_call(_loads(m.group(1))) for m in blocks]
+            rest = _BLOCK.sub("", text).strip() or None
+            return (calls, rest) if None not in calls else None
+    stripped = text.strip()
+    fence = _FENCE.match(stripped)
+    call = _call(_loads(fence.group(1) if fence else stripped))
+    return ([call], None) if call is not None else None
+
+
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+
+
+def _loads(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def _call(obj: object) -> tuple[str, object] | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) \
+            or set(obj) - {"name", "arguments", "parameters"}:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        args = _loads(args)
+    return (obj["name"], args) if isinstance(args, dict) else None
