@@ -41,4 +41,4 @@ if [ "$WHICH" != llama ] && { [ ! -x "$PEERS/vllm/bin/python" ] ||
     # built for CUDA torch; text models do not need them
     "$PEERS/vllm/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-echo "peers ready: $PEERS/llama.cpp/build/bin/llama-server, $PEERS/vllm/bin/python"
+echo "peers ready ($WHICH): $PEERS/llama.cpp/build/bin/{llama-server,llama-quantize}, $PEERS/vllm/bin/python"

@@ -63,12 +63,13 @@ def structural_tag(fmt: str, tools: list[dict], forced: bool, reasoning: str | N
 
 
 def after_reasoning(body: dict, reasoning: str | None) -> dict:
-    """``body`` (a structural-tag format), preceded by the reasoning block if one is set."""
+    """``body`` (a structural-tag format), optionally preceded by the reasoning block if one
+    is set (a thinking model usually opens with it; the grammar does not force it)."""
     if reasoning is None:
         return body
     begin, end = REASONING[reasoning]
     think = {"type": "tag", "begin": begin, "content": {"type": "any_text"}, "end": end}
-    return {"type": "sequence", "elements": [think, body]}
+    return {"type": "or", "elements": [{"type": "sequence", "elements": [think, body]}, body]}
 
 
 def parse_calls(fmt: str, text: str) -> tuple[list[tuple[str, object]], str | None] | None:
@@ -87,6 +88,18 @@ def parse_calls(fmt: str, text: str) -> tuple[list[tuple[str, object]], str | No
         calls = [_call(i) for i in items]
         rest = (before + after.lstrip()[end:]).strip() or None
         return (calls, rest) if calls and None not in calls else None
+    if fmt == "llama3_json" and f.trigger in text:       # each trigger opens a JSON call
+        calls, rest, at = [], [], 0
+        while (start := text.find(f.trigger, at)) >= 0:
+            try:
+                obj, end = json.JSONDecoder().raw_decode(text, start)
+            except json.JSONDecodeError:
+                return None
+            calls.append(_call(obj))
+            rest.append(text[at:start])
+            at = end
+        rest.append(text[at:])
+        return (calls, "".join(rest).strip() or None) if None not in calls else None
     if f.trigger == "<tool_call>":
         blocks = list(_BLOCK.finditer(text))
         if blocks:
