@@ -2,8 +2,8 @@
 native matmul (the builds with K-quant kernels: ``Isa.kquants``).
 
 :class:`KBlockLinear` keeps one Q4_K / Q5_K / Q6_K weight as :class:`~agentlang.runtime.quant.kquant.KBlocks`
-(the file's values, repacked: ``runtime/quant/native/avx512/kquant.h``): memory is the file's
-plus 4 bytes a 256 weights (Q4_K / Q5_K's unpacked 6-bit scales). :class:`ChainLinear` is one
+(the file's values, repacked: ``runtime/quant/native/avx2/kquant.h``; memory in
+:mod:`~agentlang.runtime.quant.kquant`), and Q5_0 / Q5_1 blocks the same way. :class:`ChainLinear` is one
 fused linear whose row parts have different kinds — a Q4_K_M file stores ``attn_v`` of some
 layers in Q6_K beside Q4_K ``attn_q`` / ``attn_k`` — as a chain of native weights that one call
 multiplies (the activations quantized once, each part filling its own output columns).
@@ -22,7 +22,7 @@ from torch import nn
 
 from agentlang.runtime.quant.block_linear import BlockLinear
 from agentlang.runtime.quant.kquant import QK_K, KBlocks, dequantize
-from agentlang.runtime.quant.native import QMatmulLibrary, QWeight
+from agentlang.runtime.quant.native import KIND_Q5, QMatmulLibrary, QWeight
 
 
 def _needs_kquants(lib: QMatmulLibrary) -> None:
@@ -36,8 +36,10 @@ class KBlockLinear(BlockLinear):
     def __init__(self, lib: QMatmulLibrary, blocks: KBlocks, bias: torch.Tensor | None = None):
         nn.Module.__init__(self)
         _needs_kquants(lib)
-        if blocks.in_features % QK_K:
-            raise ValueError(f"K-quant rows must be whole super-blocks of {QK_K}, got {blocks.in_features}")
+        multiple = 64 if blocks.kind == KIND_Q5 else QK_K
+        if blocks.in_features % multiple:
+            raise ValueError(f"rows must hold a multiple of {multiple} weights for kind "
+                             f"{blocks.kind}, got {blocks.in_features}")
         self.lib, self.kind = lib, blocks.kind
         self.in_features, self.out_features = blocks.in_features, blocks.qs.shape[0]
         for name in ("qs", "d", "sc", "mn", "hb"):

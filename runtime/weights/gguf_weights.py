@@ -27,7 +27,7 @@ from torch import nn
 
 from agentlang.runtime.quant.block_linear import BF16_GEMM_ROWS, BlockLinear
 from agentlang.runtime.quant.kblock_linear import ChainLinear, KBlockLinear
-from agentlang.runtime.quant.kquant import KINDS as K_TYPES, KBlocks, split_kblocks
+from agentlang.runtime.quant.kquant import KINDS as K_TYPES, ROW_MULTIPLE, KBlocks, split_kblocks
 from agentlang.runtime.weights.gguf_file import KEPT_QUANTIZED, GgufFile
 from agentlang.runtime.quant.native import (KIND_Q4, KIND_Q8, QMatmulLibrary, bf16_matmuls_in_hardware,
                             kquant_library, qmatmul_library)
@@ -151,8 +151,10 @@ class LinearBuilder:
             bias = torch.cat([self.vector(b) for b in biases])
         qtype = next(iter(qtypes)) if len(qtypes) == 1 else None
         native_k = self.native is not None and self.native.isa.kquants
+        k = self.gf.tensors[names[0]].shape[-1]
         if self.quantize and native_k and qtypes <= set(KEPT_QUANTIZED) | set(K_TYPES) \
-                and (qtypes & set(K_TYPES) or len(qtypes) > 1):
+                and (qtypes & set(K_TYPES) or len(qtypes) > 1) \
+                and all(k % ROW_MULTIPLE.get(t, 32) == 0 for t in qtypes):
             return self._native_parts(names, raws, biases if bias is not None else None)
         if self.quantize and qtype in KEPT_QUANTIZED:
             if self.native is not None:
@@ -193,7 +195,7 @@ class LinearBuilder:
         for qtype, idx in groups:
             bias = None if biases is None else torch.cat([self.vector(biases[i]) for i in idx])
             if qtype in K_TYPES:
-                self.report[qtype] = "native super-blocks"
+                self.report[qtype] = "native blocks" if qtype in ROW_MULTIPLE else "native super-blocks"
                 blocks = KBlocks.cat([split_kblocks(raws[i], qtype) for i in idx])
                 parts.append(KBlockLinear(self.native, blocks, bias))
             else:

@@ -18,14 +18,16 @@ from tests.quant.test_block_linear import quantized_activations
 from tests.support.gguf_files import D_OFFSETS, K_DIMS, write_gguf
 
 gguf = pytest.importorskip("gguf")
-KTYPES = ["Q4_K", "Q5_K", "Q6_K"]
+KTYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"]
+BLOCK = {"Q5_0": 32, "Q5_1": 32}        # weights a block (else a super-block of 256)
 
 
 def random_blocks(qtype: str, N: int, K: int, seed: int = 0, scale=(1e-3, 1e-2)) -> np.ndarray:
     """Raw rows of random super-blocks whose float16 scales are finite (uniform in ``scale``)."""
     rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, (N, K // 256, BLOCK_BYTES[qtype]), dtype=np.uint8)
-    d = rng.uniform(*scale, (N, K // 256, 1)).astype(np.float16).view(np.uint8)
+    nb = K // BLOCK.get(qtype, 256)
+    raw = rng.integers(0, 256, (N, nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
+    d = rng.uniform(*scale, (N, nb, 1)).astype(np.float16).view(np.uint8)
     for at in D_OFFSETS[qtype]:
         raw[..., at:at + 2] = d
     return raw.reshape(N, -1)
@@ -54,8 +56,10 @@ def test_dequantization_is_bitwise_the_gguf_packages(qtype, scale):
 
 
 @pytest.mark.parametrize("qtype", KTYPES)
-@pytest.mark.parametrize("N,K", [(37, 256), (64, 768), (5, 1536)])
+@pytest.mark.parametrize("N,K", [(37, 256), (64, 768), (5, 1536), (9, 576)])
 def test_native_matmul_matches_float64_reference(lib, qtype, N, K):
+    if K % 256 and qtype not in BLOCK:
+        pytest.skip("K-quant rows are whole super-blocks")
     raw = random_blocks(qtype, N, K, seed=N + K)
     lin = KBlockLinear(lib, split_kblocks(raw, qtype), bias=torch.arange(N, dtype=torch.float32))
     w = torch.from_numpy(gguf_decoded(raw, qtype)).double()
@@ -102,7 +106,7 @@ def test_file_kept_quantized_matches_hf_and_its_float32_decode(tmp_path, tokeniz
 
     path = write_gguf(tmp_path / "k.gguf", tokenizer_fields, qtype, dims=K_DIMS, tied=False)
     model = load_gguf_model(path, "auto", torch.float32)
-    assert model.weights_report[qtype] == "native super-blocks"
+    assert model.weights_report[qtype] == ("native blocks" if qtype in BLOCK else "native super-blocks")
     assert isinstance(model.lm_head, KBlockLinear)
     assert isinstance(model.layers[0].self_attn.qkv_proj, KBlockLinear)
     assert model.native_decoder is not None
@@ -111,7 +115,8 @@ def test_file_kept_quantized_matches_hf_and_its_float32_decode(tmp_path, tokeniz
     for i, s in enumerate(SEQS):
         ref = hf_logits(path, s)
         assert ((got[i] - ref).norm() / ref.norm()).item() < 1e-3
-        assert ((got[i] - dec[i]).norm() / dec[i].norm()).item() < 1e-4
+        # the kernel's 16-bit activations through 2 layers and the head: ~1e-4
+        assert ((got[i] - dec[i]).norm() / dec[i].norm()).item() < 5e-4
 
 
 def test_top1_agrees_with_the_float32_decode_at_999_of_6400_positions(tmp_path, tokenizer_fields, lib):

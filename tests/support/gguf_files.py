@@ -10,7 +10,7 @@ L = 2
 SMALL = (64, 128, 4, 2, 16)          # hidden, ffn, heads, kv heads, head dim
 K_DIMS = (256, 512, 4, 2, 64)        # K-quant blocks hold 256 weights: rows of 256 multiples
 D_OFFSETS = {"Q6_K": (208,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q3_K": (108,),
-             "Q2_K": (80, 82)}              # where a K-quant block keeps its fp16 scales
+             "Q2_K": (80, 82), "Q5_0": (0,), "Q5_1": (0, 2)}              # where a K-quant block keeps its fp16 scales
 
 
 def byte_level_symbols() -> list[str]:

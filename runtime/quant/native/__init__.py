@@ -46,8 +46,9 @@ SHARED = ("qmatmul.h", "vecmath.h", "decode_layer.c")     # in this folder, used
 OWN = ("qmatmul.c", "dequant.c", "softmax.c")             # in each build's folder
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")
 KIND_Q4, KIND_Q8 = 4, 8
+KIND_Q5 = 5                                       # Q5_0 / Q5_1 blocks (kquant.h)
 KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 14, 15, 16      # K-quant super-blocks (kquant.h)
-K_KINDS = (KIND_Q4_K, KIND_Q5_K, KIND_Q6_K)
+K_KINDS = (KIND_Q5, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K)   # the kinds of kquant.h's builds
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #define AGL_Q4 4
+#define AGL_Q5 5          /* Q5_0 / Q5_1: Q4's nibbles + bit 4 from hb (kquant.h) */
 #define AGL_Q8 8
 #define AGL_Q4_K 14
 #define AGL_Q5_K 15

@@ -135,7 +135,7 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
         for (int j = 0; j < nr; j++) {
             __m256i lo, hi;
             if (nr > 1)   /* several weight rows stream at once: help the prefetcher */
-                _mm_prefetch((const char *)w->qs + ((n + j) * kb + b) * (kind == 8 ? QK : 16) + PREFETCH,
+                _mm_prefetch((const char *)w->qs + ((n + j) * kb + b) * (kind == 8 || kind == AGL_Q6_K ? QK : 16) + PREFETCH,
                              _MM_HINT_T0);
             if (kind == AGL_Q4_K || kind == AGL_Q5_K || kind == AGL_Q6_K) {
                 float dlo, dhi, mn;
@@ -159,10 +159,14 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
                 }
                 continue;
             }
-            weights16(w, kind, n + j, b, &lo, &hi);
+            if (kind == AGL_Q5)
+                q5_weights16(w, n + j, b, &lo, &hi);
+            else
+                weights16(w, kind, n + j, b, &lo, &hi);
             const float dw = _cvtsh_ss(w->d[(n + j) * kb + b]);
-            if (kind == 4) {
-                const float mn = w->m ? _cvtsh_ss(w->m[(n + j) * kb + b]) : -8.0f * dw;
+            if (kind == 4 || kind == AGL_Q5) {
+                const float mn = w->m ? _cvtsh_ss(w->m[(n + j) * kb + b])
+                                      : (kind == 4 ? -8.0f : -16.0f) * dw;
                 for (int i = 0; i < mr; i++)
                     t[i][j] = fmaf(mn, a->xs[(m + i) * kb + b], t[i][j]);
             }
@@ -178,7 +182,7 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++)
-            out[i][j] = kind == 4 || kind == AGL_Q4_K || kind == AGL_Q5_K
+            out[i][j] = kind == 4 || kind == AGL_Q5 || kind == AGL_Q4_K || kind == AGL_Q5_K
                             ? hsum8(acc[i][j]) + t[i][j] : hsum8(acc[i][j]);
 }
 
@@ -210,6 +214,7 @@ static void run_tile(const agl_qweight *w, const qact *a, int64_t m, int mr, int
     float v[MR][NR1];
     switch (w->kind) {
     case AGL_Q4: TILES(AGL_Q4); break;
+    case AGL_Q5: TILES(AGL_Q5); break;
     case AGL_Q4_K: TILES(AGL_Q4_K); break;
     case AGL_Q5_K: TILES(AGL_Q5_K); break;
     case AGL_Q6_K: TILES(AGL_Q6_K); break;
@@ -229,7 +234,7 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
     const int64_t K = w->k, nb = K / QK, kb = w->kb;
     int64_t ldy = 0;                     /* y's row stride: the chain's output columns */
     for (const agl_qweight *p = w; p; p = p->next) {
-        if (p->kind != AGL_Q4 && p->kind != AGL_Q8 && p->kind != AGL_Q4_K
+        if (p->kind != AGL_Q4 && p->kind != AGL_Q5 && p->kind != AGL_Q8 && p->kind != AGL_Q4_K
             && p->kind != AGL_Q5_K && p->kind != AGL_Q6_K)
             return -2;
         ldy += p->n;
