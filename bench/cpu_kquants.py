@@ -140,6 +140,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prefill-tokens", type=int, default=512)
+    ap.add_argument("--memory-only", action="store_true", help="load memory and types, no speed")
     ap.add_argument("--out")
     args = ap.parse_args()
     if not (LLAMA_SERVER.exists() and QUANTIZE.exists()):
@@ -157,6 +158,9 @@ def main() -> None:
             row = {"file_mb": round(gguf.stat().st_size / 2**20, 1), **weights_report(gguf)}
             print(f"  loads as {row['report']}, native decode layer {row['native_decoder']}, "
                   f"memory {row['memory']}", flush=True)
+            res[shape] = row
+            if args.memory_only:
+                continue
             for start in (lambda: start_agentlang(gguf, 256), lambda: start_llama(gguf, args)):
                 server = start()
                 try:
@@ -172,7 +176,6 @@ def main() -> None:
                                          "prefill": a["prefill_tok_s"] / b["prefill_tok_s"]}
             print(f"  agentlang / llama-server: decode {row['agentlang_vs_llama']['decode']:.2f}x, "
                   f"prefill {row['agentlang_vs_llama']['prefill']:.2f}x", flush=True)
-            res[shape] = row
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()} ({platform.processor() or 'cpu'})",
               "command": "python bench/cpu_kquants.py " + " ".join(sys.argv[1:]),
               "settings": {"agentlang": "float32, weights auto (K-quants native), KV 256 MB",

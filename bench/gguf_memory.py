@@ -65,12 +65,12 @@ def write_model(path: Path) -> None:
 
 
 CHILD = """
-import json, resource, sys, torch
+import json, sys, torch
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 from agentlang.runtime.models.gguf_model import load_gguf_model
-def rss():
+def rss(key="VmRSS"):
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS"):
+        if line.startswith(key):
             return int(line.split()[1]) * 1024
 before = rss()
 m = load_gguf_model(sys.argv[1], "auto", torch.bfloat16)
@@ -78,7 +78,7 @@ c = m.config
 pool = KVPool(KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, torch.bfloat16), 16,
               budget_mb=float(sys.argv[2]))
 pool_bytes = pool.nbytes()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = rss("VmHWM")     # this process image's peak (ru_maxrss survives exec: a big parent's)
 print(json.dumps({"rss_before": before, "peak_rss": peak, "rss_after": rss(),
                   "kv_pool_bytes": pool_bytes, "report": m.weights_report}))
 """

@@ -196,7 +196,8 @@ class LinearBuilder:
             bias = None if biases is None else torch.cat([self.vector(biases[i]) for i in idx])
             if qtype in K_TYPES:
                 self.report[qtype] = "native blocks" if qtype in ROW_MULTIPLE else "native super-blocks"
-                blocks = KBlocks.cat([split_kblocks(raws[i], qtype) for i in idx])
+                blocks = KBlocks.cat([split_kblocks(raws[i][r:r + CHUNK_ROWS], qtype)   # bounded
+                                      for i in idx for r in range(0, raws[i].shape[0], CHUNK_ROWS)])
                 parts.append(KBlockLinear(self.native, blocks, bias))
             else:
                 self.report[qtype] = "native blocks"

@@ -70,10 +70,15 @@ def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
     assert torch.equal(together, alone)
     for m in (2, 3, 5, 6, 7):               # every tile shape: 2, 3 and 4 rows, and tails
         assert torch.equal(lin(x[:m]), alone[:m]), m
+    assert_same_at_one_thread(lin, x, together)
+
+
+def assert_same_at_one_thread(lin, x: torch.Tensor, expected: torch.Tensor) -> None:
+    """``lin(x)`` with one OpenMP thread is bitwise ``expected`` (computed with more)."""
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(lin(x), together)
+        assert torch.equal(lin(x), expected)
     finally:
         torch.set_num_threads(threads)
 

@@ -14,7 +14,7 @@ from agentlang.runtime.quant.kquant import BLOCK_BYTES, dequantize, split_kblock
 from agentlang.runtime.quant.native import kquant_library
 from agentlang.runtime.weights.gguf_file import GgufError
 from agentlang.runtime.weights.gguf_weights import block_linear
-from tests.quant.test_block_linear import quantized_activations
+from tests.quant.test_block_linear import assert_same_at_one_thread, quantized_activations
 from tests.support.gguf_files import D_OFFSETS, K_DIMS, write_gguf
 
 gguf = pytest.importorskip("gguf")
@@ -76,12 +76,7 @@ def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
     x = torch.randn(23, 512)
     together = lin(x)
     assert torch.equal(together, torch.cat([lin(x[i:i + 1]) for i in range(23)]))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(lin(x), together)
-    finally:
-        torch.set_num_threads(threads)
+    assert_same_at_one_thread(lin, x, together)
 
 
 def test_a_chain_of_mixed_kinds_is_its_parts_side_by_side(lib):

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from tests.support.gguf_files import add_tokenizer
+
 GGUF_ARCH = {"Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3"}
 TENSORS = {"self_attn.o_proj": "attn_output", "mlp.down_proj": "ffn_down",
            "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -52,12 +54,7 @@ def hf_to_gguf(hf_dir: Path, out: Path, fields: dict, qtype: str = "F32") -> Pat
             w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
             for kind in ("long", "short"):
                 w.add_tensor(f"rope_factors_{kind}.weight", np.array(rope[f"{kind}_factor"], np.float32))
-    setters = {"model": w.add_tokenizer_model, "pre": w.add_tokenizer_pre,
-               "tokens": w.add_token_list, "token_type": w.add_token_types,
-               "merges": w.add_token_merges, "bos_token_id": w.add_bos_token_id,
-               "eos_token_id": w.add_eos_token_id}
-    for k, val in fields.items():
-        setters[k.removeprefix("tokenizer.ggml.")](val)
+    add_tokenizer(w, fields)
 
     def tensor(name, x):
         if x.ndim == 1 or qtype == "F32":

@@ -40,6 +40,16 @@ def gguf_tokenizer_fields() -> dict:
             "tokenizer.ggml.eos_token_id": 2}
 
 
+def add_tokenizer(w, fields: dict) -> None:
+    """Write ``fields`` (:func:`gguf_tokenizer_fields`' keys) into GGUFWriter ``w``."""
+    setters = {"model": w.add_tokenizer_model, "pre": w.add_tokenizer_pre,
+               "tokens": w.add_token_list, "token_type": w.add_token_types,
+               "merges": w.add_token_merges, "bos_token_id": w.add_bos_token_id,
+               "eos_token_id": w.add_eos_token_id}
+    for k, val in fields.items():
+        setters[k.removeprefix("tokenizer.ggml.")](val)
+
+
 def write_gguf(path, fields, qtype="Q4_1", arch="llama", embed_type=None, tied=True, seed=0,
                shapes=None, dims=SMALL, types=None):
     """A random ``arch`` model with every matrix in ``qtype`` (K-quants: random raw blocks),
@@ -59,12 +69,7 @@ def write_gguf(path, fields, qtype="Q4_1", arch="llama", embed_type=None, tied=T
     w.add_head_count_kv(NKV)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    setters = {"model": w.add_tokenizer_model, "pre": w.add_tokenizer_pre,
-               "tokens": w.add_token_list, "token_type": w.add_token_types,
-               "merges": w.add_token_merges, "bos_token_id": w.add_bos_token_id,
-               "eos_token_id": w.add_eos_token_id}
-    for k, val in fields.items():
-        setters[k.removeprefix("tokenizer.ggml.")](val)
+    add_tokenizer(w, fields)
 
     def mat(name, rows, cols, t):
         t = (types or {}).get(name.split(".")[-2], t)
