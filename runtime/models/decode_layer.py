@@ -37,13 +37,14 @@ MAX_ROWS = 33    # tokens a sequence may append in a natively run step (1 + the 
 class Dims(ctypes.Structure):
     _fields_ = [("hidden", ctypes.c_int64), ("nh", ctypes.c_int64), ("nkv", ctypes.c_int64),
                 ("hd", ctypes.c_int64), ("inter", ctypes.c_int64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float)]
+                ("scale", ctypes.c_float), ("rd", ctypes.c_int64)]
 
 
 class Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
                 ("qkv", QWeight), ("o", QWeight), ("gate_up", QWeight), ("down", QWeight),
-                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p)]
 
 
 class Batch(ctypes.Structure):
@@ -59,17 +60,21 @@ class NativeDecoder:
     def __init__(self, lib: QMatmulLibrary, model: torch.nn.Module):
         cfg = model.config
         self.dims = Dims(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
+                         cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5,
+                         cfg.rope_dim)
         self.layers = []
         self.keep = []                     # the tensors the structs point into
         for layer in model.layers:
             lins = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                     layer.mlp.down_proj)
+            attn = layer.self_attn
+            qk = (attn.q_norm, attn.k_norm) if cfg.qk_norm else ()
             norms = [n.weight.detach().float().contiguous()
-                     for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+                     for n in (layer.input_layernorm, layer.post_attention_layernorm, *qk)]
             self.keep += [*norms, *lins]
+            qk_ptrs = [t.data_ptr() for t in norms[2:]] or [None, None]
             self.layers.append(Layer(norms[0].data_ptr(), norms[1].data_ptr(),
-                                     *(lin.qweight for lin in lins)))
+                                     *(lin.qweight for lin in lins), None, None, *qk_ptrs))
         self._fn = lib.lib.agl_decode_layer
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.POINTER(Dims), ctypes.POINTER(Layer), ctypes.POINTER(Batch),
@@ -77,13 +82,10 @@ class NativeDecoder:
 
     @staticmethod
     def eligible(model: torch.nn.Module, dtype: torch.dtype) -> bool:
-        """Every layer's linears are :class:`BlockLinear`, activations are float32, heads
-        have at most 512 dimensions (the C layer's RoPE buffer) and the layer is Llama's (the
-        C layer has no q/k norms and rotates whole heads: Qwen3 and partial-rotary Phi run
-        their layers in torch)."""
+        """Every layer's linears are :class:`BlockLinear`, activations are float32 and heads
+        have at most 512 dimensions (the C layer's RoPE buffer). Qwen3's q/k norms and
+        partial rotary are the C layer's too."""
         cfg = model.config
-        if cfg.qk_norm or cfg.rotary_dim:
-            return False
         return dtype == torch.float32 and cfg.head_dim <= 512 and all(
             isinstance(m, BlockLinear)
             for layer in model.layers

@@ -67,8 +67,8 @@ class KBlockLinear(BlockLinear):
         return dequantize(self.blocks.rows(ids))
 
     def extra_repr(self) -> str:
-        return (f"kind {self.kind} super-blocks, in={self.in_features}, out={self.out_features}, "
-                f"bias={self.bias is not None}")
+        kind = {KIND_Q5: "q5 blocks"}.get(self.kind, f"kind {self.kind} super-blocks")
+        return f"{kind}, in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
 
 
 class ChainLinear(BlockLinear):

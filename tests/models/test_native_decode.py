@@ -104,3 +104,26 @@ def test_steps_it_does_not_serve_run_the_torch_layers(tmp_path, tokenizer_fields
     assert not dec.serves(shared, pool, TorchAttentionBackend())   # shared pages: cascade path
     assert load_gguf_model(path, "auto", torch.bfloat16).native_decoder is None
     assert load_gguf_model(path, "auto", torch.float32, kernels="torch").native_decoder is None
+
+
+@pytest.mark.parametrize("family,shapes", [
+    ("qwen3", dict(head_dim=32)),                                    # q/k norms
+    ("phi3", dict(partial_rotary_factor=0.75, sliding_window=None)),  # partial rotary
+])
+def test_qk_norms_and_partial_rotary_run_natively(tmp_path, tokenizer_fields, lib, family, shapes):
+    from agentlang.runtime.weights.model_loader import resolve_model
+    from tests.support.gguf_convert import hf_to_gguf
+    from tests.support.models import random_hf_model
+
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                 tie_word_embeddings=False, max_position_embeddings=256,
+                 vocab_size=len(tokenizer_fields["tokenizer.ggml.tokens"]))
+    d = random_hf_model(family, resolve_model().path, tmp_path / "hf", **{**small, **shapes})
+    model = load_gguf_model(hf_to_gguf(d, tmp_path / "m.gguf", tokenizer_fields, "Q8_0"), "auto")
+    assert model.native_decoder is not None
+    pool, tables = setup(model, PROMPTS)
+    fast = decode(model, pool, tables, PROMPTS, [11, 12, 13], native=True)
+    slow = decode(model, pool, tables, PROMPTS, [11, 12, 13], native=False)
+    assert ((fast - slow).norm() / slow.norm()).item() < 1e-4
+    assert torch.equal(fast.argmax(-1), slow.argmax(-1))

@@ -6,7 +6,9 @@
  *
  * The same arithmetic as runtime/models/llama.py's layer with the torch attention backend, in
  * float32, in one call instead of ~45 small torch ops: RMSNorm x * rsqrt(mean(x^2) + eps) * w;
- * RoPE x * cos + roll(x, D/2) * signed_sin (the caller's tables); softmax attention of each
+ * Qwen3's q/k norms (the same RMSNorm over each head, when the layer has them); RoPE
+ * x * cos + roll(x, D/2) * signed_sin over the first D = rd dims of each head (partial rotary:
+ * the rest pass through; the caller's tables, rd wide); softmax attention of each
  * query head over its sequence's K/V read through the page table (GQA: G query heads a KV
  * head; the softmax is the build's agl_softmax_lse). Sums run in a fixed order: a sequence's
  * result does not depend on the others in the step or on the thread count.
@@ -21,17 +23,19 @@
 typedef struct {
     int64_t hidden, nh, nkv, hd, inter;
     float eps, scale;
+    int64_t rd;                             /* rotated dims of a head (<= hd, even) */
 } agl_dims;
 
 typedef struct {
     const float *attn_norm, *ffn_norm;      /* [hidden] */
     agl_qweight qkv, o, gate_up, down;
     float *k_cache, *v_cache;               /* this layer's pool: [pages * page_size, nkv, hd] */
+    const float *q_norm, *k_norm;           /* [hd] each, or NULL: no q/k norms */
 } agl_layer;
 
 typedef struct {
     int64_t B;                              /* sequences, one new token each */
-    const float *cos, *ssin;                /* [B, hd]: cos and signed sin of each position */
+    const float *cos, *ssin;                /* [B, rd]: cos and signed sin of each position */
     const int64_t *slots;                   /* [B] pool row of each new token */
     const int32_t *page_table;              /* [B, max_pages] */
     int64_t max_pages, page_size;
@@ -48,14 +52,15 @@ static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float 
     }
 }
 
-static void rope(float *h, int64_t heads, int64_t hd, const float *cos, const float *ssin)
+static void rope(float *h, int64_t heads, int64_t hd, int64_t rd, const float *cos,
+                 const float *ssin)
 {
     float tmp[512];
     for (int64_t j = 0; j < heads; j++) {
         float *v = h + j * hd;
-        for (int64_t i = 0; i < hd; i++)
-            tmp[i] = v[i] * cos[i] + v[(i + hd / 2) % hd] * ssin[i];
-        for (int64_t i = 0; i < hd; i++)
+        for (int64_t i = 0; i < rd; i++)
+            tmp[i] = v[i] * cos[i] + v[(i + rd / 2) % rd] * ssin[i];
+        for (int64_t i = 0; i < rd; i++)
             v[i] = tmp[i];
     }
 }
@@ -167,7 +172,11 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
         goto done;
     for (int64_t b = 0; b < B; b++) {
         float *r = qkv + b * wq;
-        rope(r, dm->nh + dm->nkv, hd, bt->cos + b * hd, bt->ssin + b * hd);
+        if (L->q_norm) {                                   /* each head in place */
+            for (int64_t j = 0; j < dm->nh + dm->nkv; j++)
+                rmsnorm(r + j * hd, j < dm->nh ? L->q_norm : L->k_norm, 1, hd, dm->eps, r + j * hd);
+        }
+        rope(r, dm->nh + dm->nkv, hd, dm->rd, bt->cos + b * dm->rd, bt->ssin + b * dm->rd);
         float *kd = L->k_cache + bt->slots[b] * nk, *vd = L->v_cache + bt->slots[b] * nk;
         for (int64_t i = 0; i < nk; i++) {
             kd[i] = r[nq + i];
