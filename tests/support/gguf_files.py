@@ -45,9 +45,9 @@ def add_tokenizer(w, fields: dict) -> None:
     setters = {"model": w.add_tokenizer_model, "pre": w.add_tokenizer_pre,
                "tokens": w.add_token_list, "token_type": w.add_token_types,
                "merges": w.add_token_merges, "bos_token_id": w.add_bos_token_id,
-               "eos_token_id": w.add_eos_token_id}
+               "eos_token_id": w.add_eos_token_id, "tokenizer.chat_template": w.add_chat_template}
     for k, val in fields.items():
-        setters[k.removeprefix("tokenizer.ggml.")](val)
+        setters.get(k, setters.get(k.removeprefix("tokenizer.ggml.")))(val)
 
 
 def write_gguf(path, fields, qtype="Q4_1", arch="llama", embed_type=None, tied=True, seed=0,
