@@ -1,7 +1,11 @@
 """Tool calling: generate a call under the tools' JSON schema, run it, feed the result back.
 
 A call is generated as ``{"name": <tool>, "arguments": {...}}`` under a JSON schema built
-from the tools' parameter schemas, so the arguments always parse and validate. The agent
+from the tools' parameter schemas, so the arguments always parse and validate. When the
+backend knows the model's family format (``Backend.tool_format``: the in-process runtime
+reads it from the chat template), the call is written that way: the format's text around the
+object is filled in (Hermes ``<tool_call>\n`` … ``\n</tool_call>``, Mistral ``[TOOL_CALLS][`` …
+``]``) and Llama 3's key is ``"parameters"``; the object itself stays schema-constrained. The agent
 loop alternates an assistant turn (one call) with a ``result_role`` turn holding the result,
 until the model calls ``final_answer`` or ``max_steps`` is reached (the last step may only
 answer). Both run on a stream's worker thread (see interpreter.py).
@@ -22,25 +26,38 @@ if TYPE_CHECKING:
 FINAL = "final_answer"
 
 
-def _call_option(name: str, parameters: dict) -> dict:
+def _call_option(name: str, parameters: dict, key: str = "arguments") -> dict:
     return {"type": "object",
-            "properties": {"name": {"enum": [name]}, "arguments": parameters},
-            "required": ["name", "arguments"], "additionalProperties": False}
+            "properties": {"name": {"enum": [name]}, key: parameters},
+            "required": ["name", key], "additionalProperties": False}
 
 
-def final_schema(answer_schema: Any) -> dict:
+def final_schema(answer_schema: Any, key: str = "arguments") -> dict:
     answer = answer_schema if answer_schema is not None else {"type": "string"}
     return _call_option(FINAL, {"type": "object", "properties": {"answer": answer},
-                                "required": ["answer"], "additionalProperties": False})
+                                "required": ["answer"], "additionalProperties": False}, key)
 
 
-def call_schema(tools: tuple[Tool, ...], answer_schema: Any = None, allow_final: bool = False
-                ) -> dict:
-    """JSON schema of one call to any of ``tools`` (or the final answer, if allowed)."""
-    options = [_call_option(t.name, t.parameters) for t in tools]
+def call_schema(tools: tuple[Tool, ...], answer_schema: Any = None, allow_final: bool = False,
+                key: str = "arguments") -> dict:
+    """JSON schema of one call to any of ``tools`` (or the final answer, if allowed);
+    ``key``: the arguments' key of the call format."""
+    options = [_call_option(t.name, t.parameters, key) for t in tools]
     if allow_final:
-        options.append(final_schema(answer_schema))
+        options.append(final_schema(answer_schema, key))
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def call_format(exe: Stream) -> tuple[str, str, str]:
+    """``(text before the call object, its arguments key, text after it)`` for the backend's
+    model (module doc)."""
+    fmt = exe.ctx.backend.tool_format()
+    if fmt is None:
+        return "", "arguments", ""
+    from agentlang.runtime.grammar.tool_format import FORMATS
+
+    f = FORMATS[fmt]
+    return f.head, f.args_key, f.tail
 
 
 def tools_prompt(tools: list[Tool] | tuple[Tool, ...], final_answer: bool = True) -> str:
@@ -60,11 +77,11 @@ def render_result(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
-def parse_call(text: str, tools: tuple[Tool, ...]) -> tuple[str, dict]:
+def parse_call(text: str, tools: tuple[Tool, ...], key: str = "arguments") -> tuple[str, dict]:
     """(tool name, arguments) from generated call text; ValueError if it is not a call."""
     try:
         call = json.loads(text)
-        name, arguments = call["name"], call["arguments"]
+        name, arguments = call["name"], call[key]
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"the model's tool call is not a complete JSON call (raise max_tokens "
                          f"if it was cut off): {text!r}") from None
@@ -74,16 +91,23 @@ def parse_call(text: str, tools: tuple[Tool, ...]) -> tuple[str, dict]:
 
 
 def _generate_call(exe: Stream, schema: dict, max_tokens: int,
-                   temperature: float | None) -> tuple[str, Any]:
+                   temperature: float | None, head: str = "", tail: str = "") -> tuple[str, Any]:
+    """The call object under ``schema``, written between the format's ``head`` and ``tail``."""
+    if head:
+        exe.fill(head)
     opts = exe.resolve(make_options(max_tokens=max_tokens, temperature=temperature,
                                     json_schema=schema))
-    return exe.generate_text(opts)
+    text, result = exe.generate_text(opts)
+    if tail:
+        exe.fill(tail)
+    return text, result
 
 
 def execute_tool_call(exe: Stream, node: ToolCall) -> None:
-    text, result = _generate_call(exe, call_schema(node.tools), node.max_tokens,
-                                  node.temperature)
-    name, arguments = parse_call(text, node.tools)
+    head, key, tail = call_format(exe)
+    text, result = _generate_call(exe, call_schema(node.tools, key=key), node.max_tokens,
+                                  node.temperature, head, tail)
+    name, arguments = parse_call(text, node.tools, key)
     tool = next(t for t in node.tools if t.name == name)
     value = tool.invoke(arguments)
     exe.store_var(node.name, value, {**result.meta, "tool": name, "arguments": arguments,
@@ -93,14 +117,15 @@ def execute_tool_call(exe: Stream, node: ToolCall) -> None:
 def execute_agent_loop(exe: Stream, node: AgentLoop) -> None:
     steps: list[dict] = []
     answer: Any = None
+    head, key, tail = call_format(exe)
     for step in range(node.max_steps):
         last = step == node.max_steps - 1
-        schema = final_schema(node.answer_schema) if last else call_schema(
-            node.tools, node.answer_schema, allow_final=True)
+        schema = final_schema(node.answer_schema, key) if last else call_schema(
+            node.tools, node.answer_schema, allow_final=True, key=key)
         exe.begin_role("assistant")
-        text, _ = _generate_call(exe, schema, node.max_tokens, node.temperature)
+        text, _ = _generate_call(exe, schema, node.max_tokens, node.temperature, head, tail)
         exe.end_role("assistant")
-        name, arguments = parse_call(text, node.tools)
+        name, arguments = parse_call(text, node.tools, key)
         if name == FINAL:
             answer = arguments["answer"]
             break

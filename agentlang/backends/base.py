@@ -96,6 +96,12 @@ class Backend(ABC):
     def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
         """One completion of ``prompt`` under fully resolved ``opts``."""
 
+    def tool_format(self) -> str | None:
+        """How the model's family writes a tool call (a key of
+        ``agentlang.runtime.grammar.tool_format.FORMATS``, e.g. ``"hermes"``) when the
+        backend knows it; ``None``: the bare JSON ``{"name", "arguments"}`` object."""
+        return None
+
     def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[GenDelta]:
         """Incremental generation; default: the whole result as one delta."""
         result = self.generate(prompt, opts)

@@ -66,6 +66,15 @@ class Runtime(Backend):
     def chat_template(self) -> ChatTemplate:
         return self._template
 
+    def tool_format(self) -> str | None:
+        """The model's family format when its template renders tools (Qwen's Hermes
+        ``<tool_call>``, Mistral's, Llama 3's JSON); ``ChatFamilyError`` names a marker the
+        vocabulary lacks."""
+        from agentlang.runtime.chat.family import ChatFamily
+
+        family = ChatFamily.of(self.engine.tokenizer)
+        return family.tool_format if family.native_tools else None
+
     def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
         out = self.engine.generate(prompt.text, self._params(prompt, opts))
         return self._result(out)

@@ -225,3 +225,39 @@ def test_cut_off_tool_call_is_a_clear_error():
     with pytest.raises(ValueError, match="not a complete JSON call"):
         prog.run(backend=al.Mock())
     json.dumps(add.parameters)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template,head,key", [
+    ("hermes_think", '<tool_call>\n{"name":"add","arguments":', "arguments"),    # compact JSON
+    ("mistral", '[TOOL_CALLS][{"name":"add","arguments":', "arguments"),
+    ("llama3_json", '{"name":"add","parameters":', "parameters"),
+])
+def test_calls_are_written_in_the_models_family_format(tmp_path, model_path, template, head, key):
+    """The in-process runtime on a model whose template has its own call format: tool_call and
+    agent_loop write calls that way (the object still schema-constrained: always valid)."""
+    from tests.support.families import family_model
+
+    backend = al.Runtime(str(family_model(model_path, tmp_path / template, template)),
+                         kv_budget_mb=32)
+    try:
+        assert backend.tool_format() == {"hermes_think": "hermes"}.get(template, template)
+
+        @al.function
+        def prog(s):
+            s += al.user("What is 2 + 40?")
+            s += al.assistant(al.tool_call(add, name="result", max_tokens=40, temperature=0))
+
+        st = prog.run(backend=backend)
+        assert head in st.text(), st.text()
+        assert st["result"] == add(**st.get_meta_info("result")["arguments"])
+
+        @al.function
+        def agent(s):
+            s += al.user("Add 2 and 40, then answer.")
+            s += al.agent_loop([add], name="answer", max_steps=2, max_tokens=48, temperature=0)
+
+        st = agent.run(backend=backend)
+        assert f'"{key}":' in st.text() and st.get_meta_info("answer")["steps"] is not None
+    finally:
+        backend.shutdown()
