@@ -66,9 +66,13 @@ def test_plan_tools_errors_name_the_field(tools, choice, param):
 
 
 def test_streaming_holds_back_only_what_may_be_a_call():
-    assert _could_be_call("") is None and _could_be_call("  <tool") is None
-    assert _could_be_call("<tool_call>{") is True and _could_be_call(' {"name"') is True
-    assert _could_be_call("Hello") is False and _could_be_call("<b>") is False
+    t = "<tool_call>"
+    assert _could_be_call("", t) is None and _could_be_call("  <tool", t) is None
+    assert _could_be_call("<tool_call>{", t) is True and _could_be_call(' {"name"', t) is True
+    assert _could_be_call("Hello", t) is False and _could_be_call("<b>", t) is False
+    m = "[TOOL_CALLS]"                                   # another family's trigger
+    assert _could_be_call("[TOOL", m) is None and _could_be_call("[TOOL_CALLS][{", m) is True
+    assert _could_be_call("<tool_call>", m) is False
 
 
 def test_error_mapping():
