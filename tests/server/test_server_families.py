@@ -61,12 +61,12 @@ def valid_calls(choice, marker: str) -> int:
 def test_started_calls_in_the_familys_format_are_valid(family):
     name, client, _ = family
     calls = 0
-    for temperature, seed in ((0.0, 1), (0.7, 2), (1.0, 3)):
+    for temperature, seed in ((0.0, 1), (1.0, 3)):
         r = client.chat.completions.create(
             model=MODEL, messages=HISTORY, tools=[WEATHER, ADD], tool_choice="auto", n=3,
-            temperature=temperature, seed=seed, max_tokens=48)
+            temperature=temperature, seed=seed, max_tokens=40)
         calls += sum(valid_calls(c, MARKER[name]) for c in r.choices)
-    print(f"{name}: {calls} calls of 9")
+    print(f"{name}: {calls} calls of 6")
     assert calls >= 1, "the few-shot history in the family's format no longer makes the model call"
 
 
