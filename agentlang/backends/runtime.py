@@ -47,6 +47,7 @@ class Runtime(Backend):
 
         self.engine = Engine(model=model, **engine_args)
         self.engine.start_background_loop()
+        self._tool_format: tuple[str] | None = None
         self._template = derive_chat_template(
             lambda messages, gen: self.engine.apply_chat_template(messages, gen),
             name=self.engine.model_name)
@@ -70,10 +71,12 @@ class Runtime(Backend):
         """The model's family format when its template renders tools (Qwen's Hermes
         ``<tool_call>``, Mistral's, Llama 3's JSON); ``ChatFamilyError`` names a marker the
         vocabulary lacks."""
-        from agentlang.runtime.chat.family import ChatFamily
+        if self._tool_format is None:                # read once, on the first tool call
+            from agentlang.runtime.chat.family import ChatFamily
 
-        family = ChatFamily.of(self.engine.tokenizer)
-        return family.tool_format if family.native_tools else None
+            family = ChatFamily.of(self.engine.tokenizer)
+            self._tool_format = (family.tool_format if family.native_tools else "",)
+        return self._tool_format[0] or None
 
     def generate(self, prompt: Prompt, opts: SamplingOptions) -> GenResult:
         out = self.engine.generate(prompt.text, self._params(prompt, opts))

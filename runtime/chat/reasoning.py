@@ -20,6 +20,7 @@ class ReasoningSplit:
         self.begin, self.close = begin, end.strip()
         self.state = "start" if reasoning else "answer"   # start | inside | after | answer
         self.buf = ""
+        self.reasoned = self.answered = False   # the block's / the answer's first text given
 
     def feed(self, text: str) -> tuple[str, str]:
         if self.state == "answer":
@@ -40,16 +41,22 @@ class ReasoningSplit:
                 out = self.buf[:len(self.buf) - keep]
                 kept = len(out) - len(out.rstrip())           # trailing blanks: maybe the last
                 out, self.buf = out[:len(out) - kept], self.buf[len(out) - kept:]
-                return _lstrip_first(out, self), ""
+                return self._reasoning(out), ""
             reasoning, self.buf = self.buf[:at], self.buf[at + len(self.close):]
-            self.state, self.started = "after", False
-            return _lstrip_first(reasoning, self).rstrip(), self._after()
+            self.state = "after"
+            return self._reasoning(reasoning).rstrip(), self._after()
         return "", self._after()
 
+    def _reasoning(self, text: str) -> str:
+        """The block's leading newline (``<think>\\n``) dropped from its first text."""
+        if not self.reasoned:
+            text = text.lstrip("\n")
+            self.reasoned = bool(text)
+        return text
+
     def _after(self) -> str:
-        out, self.buf = self.buf.lstrip() if not getattr(self, "answered", False) else self.buf, ""
-        if out:
-            self.answered = True
+        out, self.buf = self.buf if self.answered else self.buf.lstrip(), ""
+        self.answered = self.answered or bool(out)
         return out
 
     def flush(self) -> tuple[str, str]:
@@ -73,13 +80,3 @@ def _partial_suffix(text: str, marker: str) -> int:
         if marker.startswith(text[-k:]):
             return k
     return 0
-
-
-def _lstrip_first(text: str, split: ReasoningSplit) -> str:
-    """The block's leading newline (``<think>\\n``) dropped from its first text."""
-    if getattr(split, "reasoned", False):
-        return text
-    text = text.lstrip("\n")
-    if text:
-        split.reasoned = True
-    return text
