@@ -30,9 +30,13 @@ class AttentionBackend(Protocol):
     def attend(
         self, q: torch.Tensor, pool: KVPool, layer: int, batch: ForwardBatch, scale: float,
         k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
+        window: int = 0, softcap: float = 0.0,
     ) -> torch.Tensor:
         """Causal attention of the new queries ``q [T, Hq, D]`` over each sequence's context
         (its cached prefix plus its own new tokens, already stored). Returns ``[T, Hq, D]``.
+        ``window`` (> 0): each query sees only its last ``window`` keys (a sliding layer);
+        ``softcap`` (> 0): scores become ``softcap * tanh(score / softcap)`` before the mask
+        (:mod:`agentlang.runtime.attention.window`).
         ``k_new, v_new [T, Hkv, D]`` are the new tokens' K/V as passed to ``store_kv``; a
         backend may read them instead of their pool slots when that gives the same result."""
 

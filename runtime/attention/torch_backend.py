@@ -22,6 +22,7 @@ from agentlang.runtime.attention.cascade import (attend_lse, attend_shared, caus
                                       extend_plan, kv_of, merge_lse)
 from agentlang.runtime.attention.decode_plan import DecodePlan, decode_plan
 from agentlang.runtime.attention.forward_batch import ForwardBatch
+from agentlang.runtime.attention.window import windowed_attend
 from agentlang.runtime.cache.kv_pool import KVPool
 
 
@@ -34,8 +35,10 @@ class TorchAttentionBackend:
         pool.store(layer, batch.slot_mapping, k, v)
 
     def attend(self, q, pool: KVPool, layer: int, batch: ForwardBatch, scale: float,
-               k_new=None, v_new=None):
+               k_new=None, v_new=None, window: int = 0, softcap: float = 0.0):
         # q: [T, Hq, D] -> [T, Hq, D]; every K/V read goes through the pool (k_new, v_new unused)
+        if window or softcap:
+            return windowed_attend(q, pool, layer, batch, scale, window, softcap)
         seq_lens = batch.seq_lens_list
         if batch.is_decode:
             plan = batch.cached("torch.decode", lambda: decode_plan(batch.page_table, seq_lens,

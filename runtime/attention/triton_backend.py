@@ -19,6 +19,7 @@ import torch
 from agentlang.kernels import (check_ranges, copy_pages, decode_attention, extend_attention,
                                page_table_checks, store_kv)
 from agentlang.runtime.attention.forward_batch import ForwardBatch
+from agentlang.runtime.attention.window import windowed_attend
 from agentlang.runtime.cache.kv_pool import KVPool
 
 
@@ -75,9 +76,12 @@ class TritonAttentionBackend:
     def attend(
         self, q: torch.Tensor, pool: KVPool, layer: int, batch: ForwardBatch, scale: float,
         k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
+        window: int = 0, softcap: float = 0.0,
     ) -> torch.Tensor:
         # q: [T, Hq, D] -> [T, Hq, D]; k_new, v_new: [T, Hkv, D] or None
         longest = self._check_batch(pool, batch)
+        if window or softcap:      # the kernels have neither: the torch path, on this device
+            return windowed_attend(q, pool, layer, batch, scale, window, softcap)
         kc, vc = pool.k_cache(layer), pool.v_cache(layer)
         ks, vs = pool.k_scale(layer), pool.v_scale(layer)   # None unless the pool is 8-bit
         if ks is not None or k_new is None or k_new.dtype != kc.dtype or v_new.dtype != vc.dtype:

@@ -3,7 +3,10 @@ HF ``config.json`` (or a GGUF's metadata turned into one).
 
 Family differences are fields, not classes: ``qk_norm`` (Qwen3 normalizes each q/k head before
 RoPE), ``rotary_dim`` (Phi-4-mini rotates only the first part of each head), ``attention_bias``
-(Qwen2), and the RoPE scaling in ``rope_scaling``.
+(Qwen2), and the RoPE scaling in ``rope_scaling``. Gemma 2 / 3 (:mod:`.gemma_config`) add
+GeGLU (``hidden_act``), norms after attention and around the MLP (``sandwich_norms``), the
+embedding scale, their attention scale, soft-capping of scores and logits, each layer's
+sliding window (``layer_windows``) and the sliding layers' own RoPE base (``local_rope_theta``).
 
 Long-RoPE (Phi-3 / Phi-4-mini) has two factor sets; HF switches from ``short_factor`` to
 ``long_factor`` when a sequence grows past ``original_max_position_embeddings`` and then
@@ -22,6 +25,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentlang.runtime.models.gemma_config import GEMMA_ARCHITECTURES, gemma_fields
 from agentlang.runtime.weights.model_loader import ModelLoadError, SUPPORTED_ARCHITECTURES
 
 ROPE_TYPES = ("default", "linear", "llama3", "longrope")
@@ -47,6 +51,14 @@ class LlamaConfig:
     bos_token_id: int | None
     qk_norm: bool = False          # RMSNorm over each q and k head before RoPE (Qwen3)
     rotary_dim: int = 0            # leading dims of a head that RoPE rotates; 0: all of them
+    hidden_act: str = "silu"       # the MLP's gate activation: "silu" or "gelu_tanh" (Gemma)
+    sandwich_norms: bool = False   # Gemma: a norm after attention, and before and after the MLP
+    embed_scale: float = 1.0       # Gemma: the embeddings times sqrt(hidden)
+    attn_scale: float = 0.0        # scores' scale; 0: head_dim ** -0.5
+    attn_softcap: float = 0.0      # scores -> cap * tanh(scores / cap) (Gemma 2); 0: none
+    final_softcap: float = 0.0     # the same for the logits
+    layer_windows: tuple[int, ...] = ()   # each layer's sliding window (0: global); (): none
+    local_rope_theta: float = 0.0  # RoPE base of the sliding layers (Gemma 3); 0: rope_theta
 
     @property
     def rope_dim(self) -> int:
@@ -62,7 +74,9 @@ class LlamaConfig:
             )
         heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        gemma = gemma_fields(cfg, arch, head_dim) if arch in GEMMA_ARCHITECTURES else {}
+        rope = dict(gemma.pop("global_rope", None) or cfg.get("rope_parameters")
+                    or cfg.get("rope_scaling") or {})
         theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
         partial = float(rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
         rotary_dim = int(head_dim * partial)
@@ -91,12 +105,13 @@ class LlamaConfig:
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=max_pos,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in GEMMA_ARCHITECTURES)),
             attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
             rotary_dim=0 if rotary_dim == head_dim else rotary_dim,
+            **gemma,
         )
 
     @classmethod

@@ -84,9 +84,12 @@ class NativeDecoder:
     def eligible(model: torch.nn.Module, dtype: torch.dtype) -> bool:
         """Every layer's linears are :class:`BlockLinear`, activations are float32 and heads
         have at most 512 dimensions (the C layer's RoPE buffer). Qwen3's q/k norms and
-        partial rotary are the C layer's too."""
+        partial rotary are the C layer's too; Gemma's layers (sandwich norms, GeGLU, windows,
+        soft-capping, their scale) are not."""
         cfg = model.config
-        return dtype == torch.float32 and cfg.head_dim <= 512 and all(
+        llama_layers = not (cfg.sandwich_norms or cfg.layer_windows or cfg.attn_softcap
+                            or cfg.attn_scale or cfg.hidden_act != "silu")   # Gemma: not in C
+        return dtype == torch.float32 and cfg.head_dim <= 512 and llama_layers and all(
             isinstance(m, BlockLinear)
             for layer in model.layers
             for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,

@@ -20,7 +20,7 @@ from agentlang.runtime.weights.gguf_arch import fused_qkv
 from agentlang.runtime.weights.gguf_file import open_gguf
 from agentlang.runtime.weights.gguf_weights import LinearBuilder
 from agentlang.runtime.models.config import LlamaConfig
-from agentlang.runtime.models.llama import LlamaModel
+from agentlang.runtime.models.llama import LlamaModel, local_rope
 from agentlang.runtime.models.rope import RotaryEmbedding
 from agentlang.runtime.models.decode_layer import NativeDecoder
 from agentlang.runtime.quant.quant_linear import QuantEmbedding, QuantLinear
@@ -56,7 +56,12 @@ def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype 
             attn.q_norm.weight = _param(b.vector(p + "attn_q_norm.weight"))
             attn.k_norm.weight = _param(b.vector(p + "attn_k_norm.weight"))
         layer.input_layernorm.weight = _param(b.vector(p + "attn_norm.weight"))
-        layer.post_attention_layernorm.weight = _param(b.vector(p + "ffn_norm.weight"))
+        if cfg.sandwich_norms:       # Gemma (the file stores 1 + w, as the norms scale)
+            layer.post_attention_layernorm.weight = _param(b.vector(p + "post_attention_norm.weight"))
+            layer.pre_feedforward_layernorm.weight = _param(b.vector(p + "ffn_norm.weight"))
+            layer.post_feedforward_layernorm.weight = _param(b.vector(p + "post_ffw_norm.weight"))
+        else:
+            layer.post_attention_layernorm.weight = _param(b.vector(p + "ffn_norm.weight"))
         dtypes = {getattr(m, "input_dtype", None) for m in (attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj)}
         if len(dtypes) == 1 and None not in dtypes:     # all quantized, one input dtype
             layer.set_matmul_dtype(dtypes.pop())
@@ -72,6 +77,7 @@ def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype 
     scaling = cfg.rope_scaling if factors is None else {"rope_type": "factors",
                                                           "factors": factors.float()}
     model.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope_theta, scaling)
+    model.local_rope = local_rope(cfg)
     logging.getLogger(__name__).info("loaded %s: %s", Path(path).name,
              ", ".join(f"{k} -> {v}" for k, v in sorted(b.report.items())))
     model.weights_report = dict(b.report)

@@ -11,13 +11,25 @@ config fields only it has (llama.cpp's tensor and key names).
   ``rope.dimension_count`` rotary dims of each head (partial rotary); long-RoPE factors in the
   ``rope_factors_long`` / ``rope_factors_short`` tensors with
   ``rope.scaling.original_context_length`` and ``rope.scaling.attn_factor``.
+* ``gemma2`` / ``gemma3``: ``post_attention_norm``, ``ffn_norm`` (before the MLP) and
+  ``post_ffw_norm`` (after it), norms stored as ``1 + w``; Gemma 3's ``attn_q_norm`` /
+  ``attn_k_norm``. Sliding layers from ``attention.sliding_window`` and
+  ``attention.sliding_window_pattern`` (every n-th layer global, or one bool a layer), their
+  RoPE base ``rope.freq_base_swa``; ``attn_logit_softcapping`` / ``final_logit_softcapping``.
+  Defaults as llama.cpp's: Gemma 2 window 4096, pattern 2, caps 50 / 30, one RoPE base;
+  Gemma 3 pattern 6, sliding base 10000, no caps (no window in the file: every layer global).
+  The file has no ``query_pre_attn_scalar``: llama.cpp's rule (hidden / heads for the 27B
+  models, 46 and 62 layers; else the head dim).
 """
 
 from __future__ import annotations
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM"}
+GEMMA = {"gemma2": {"window": 4096, "pattern": 2, "caps": (50.0, 30.0), "big": 46},
+         "gemma3": {"window": 0, "pattern": 6, "caps": (0.0, 0.0), "big": 62}}
 PERMUTED_QK = ("llama", "mistral")     # archs whose q/k rows llama.cpp interleaves
 ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -40,8 +52,10 @@ def layer_shapes(arch: str, tensor_names, H: int, I: int, heads: int, kv: int, h
         shapes["ffn_up"] = (2 * I, H)
     else:
         shapes.update(ffn_gate=(I, H), ffn_up=(I, H))
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         shapes.update(attn_q_norm=(hd,), attn_k_norm=(hd,))
+    if arch in GEMMA:
+        shapes.update(post_attention_norm=(H,), post_ffw_norm=(H,))
     return shapes
 
 
@@ -49,6 +63,8 @@ def arch_config(arch: str, meta: dict, head_dim: int, vectors) -> dict:
     """The config.json fields of ``arch`` beyond the Llama ones; ``vectors(name)`` reads a
     small F32 tensor as a list (None if absent)."""
     a = arch
+    if arch in GEMMA:
+        return gemma_config(arch, meta, head_dim)
     if arch != "phi3":
         return {}
     out: dict = {"partial_rotary_factor": int(meta.get(f"{a}.rope.dimension_count", head_dim)) / head_dim}
@@ -61,4 +77,34 @@ def arch_config(arch: str, meta: dict, head_dim: int, vectors) -> dict:
         if meta.get(f"{a}.rope.scaling.attn_factor") is not None:
             rope["attention_factor"] = float(meta[f"{a}.rope.scaling.attn_factor"])
         out["rope_scaling"] = rope
+    return out
+
+
+def gemma_config(arch: str, meta: dict, head_dim: int) -> dict:
+    """Gemma 2 / 3's config.json fields from the file's metadata (module doc)."""
+    a, d = arch, GEMMA[arch]
+    n = int(meta[f"{a}.block_count"])
+    window = int(meta.get(f"{a}.attention.sliding_window", d["window"]) or 0)
+    pattern = meta.get(f"{a}.attention.sliding_window_pattern", d["pattern"])
+    if isinstance(pattern, (list, tuple)):      # one bool a layer (true: sliding)
+        types = [bool(p) for p in pattern]
+    else:                                       # every n-th layer global; 0: all sliding
+        p = int(pattern)
+        types = [p == 0 or (i + 1) % p != 0 for i in range(n)]
+    if not window:
+        types = [False] * len(types)
+    heads = int(meta[f"{a}.attention.head_count"])
+    attn_cap, final_cap = d["caps"]
+    out = {"hidden_activation": "gelu_pytorch_tanh",
+           # one entry a layer; a pattern array of another length is the loader's error
+           "layer_types": ["sliding_attention" if t else "full_attention" for t in types],
+           "query_pre_attn_scalar": int(meta[f"{a}.embedding_length"]) // heads
+           if n == d["big"] else head_dim,
+           "attn_logit_softcapping": meta.get(f"{a}.attn_logit_softcapping", attn_cap) or None,
+           "final_logit_softcapping": meta.get(f"{a}.final_logit_softcapping", final_cap) or None}
+    if window:
+        out["sliding_window"] = window
+    base = meta.get(f"{a}.rope.freq_base_swa")
+    if base is not None or arch == "gemma3":
+        out["rope_local_base_freq"] = float(10000.0 if base is None else base)
     return out

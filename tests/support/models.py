@@ -20,20 +20,24 @@ def random_llama(tokenizer_dir: Path, out: Path, seed: int = 0, **shapes) -> Pat
 
 
 def random_hf_model(family: str, tokenizer_dir: Path, out: Path, seed: int = 0, **shapes) -> Path:
-    """:func:`random_llama` for any HF family: ``"llama"``, ``"qwen3"``, ``"phi3"`` (its
+    """:func:`random_llama` for any HF family: ``"llama"``, ``"qwen3"``, ``"phi3"``,
+    ``"gemma2"``, ``"gemma3"`` (Gemma 3's text model) (its
     ``Config`` / ``ForCausalLM`` classes, ``shapes`` their config fields)."""
     import transformers
     from transformers import AutoTokenizer
 
-    name = {"llama": "Llama", "qwen3": "Qwen3", "phi3": "Phi3"}[family]
+    name = {"llama": "Llama", "qwen3": "Qwen3", "phi3": "Phi3", "gemma2": "Gemma2",
+            "gemma3": "Gemma3"}[family]
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    cfg = getattr(transformers, f"{name}Config")(**{
+    config = "Gemma3TextConfig" if family == "gemma3" else f"{name}Config"
+    cfg = getattr(transformers, config)(**{
         **SMOLLM2_SHAPES, "vocab_size": len(tok), "initializer_range": 0.2,
         "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
         "pad_token_id": tok.eos_token_id, **shapes})
     torch.manual_seed(seed)
     model = getattr(transformers, f"{name}ForCausalLM")(cfg)
-    if family != "llama":          # norms initialise to ones: make swapped or skipped ones show
+    if family != "llama":          # norms initialise to ones (Gemma: zeros, scaling by 1 + w):
+        # make swapped or skipped ones show
         with torch.no_grad():
             for pname, p in model.named_parameters():
                 if p.ndim == 1 and "norm" in pname:
