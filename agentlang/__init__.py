@@ -15,6 +15,7 @@
 from agentlang.agent import tools_prompt
 from agentlang.api import (agent_loop, assistant, assistant_begin, assistant_end, function, gen,
                            gen_int, gen_string, get_default_backend, global_config, select,
+                           separate_reasoning,
                            set_default_backend,
                            system, system_begin, system_end, tool_call, user, user_begin,
                            user_end)
@@ -50,7 +51,7 @@ __all__ = [
     "Mock", "OpenAI", "Program", "ProgramState", "ProgramStateGroup", "Runtime",
     "RuntimeEndpoint", "Tool", "TraceError", "UnsupportedFeatureError", "agent_loop",
     "assistant", "assistant_begin", "assistant_end", "function", "gen", "gen_int",
-    "gen_string", "get_default_backend", "global_config", "greedy_token_selection", "select",
+    "gen_string", "get_default_backend", "global_config", "greedy_token_selection", "select", "separate_reasoning",
     "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
     "tool", "tool_call", "tools_prompt", "unconditional_likelihood_normalized", "user",
     "user_begin", "user_end",

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from agentlang.choices import ChoicesMethod, token_length_normalized
-from agentlang.ir import (AgentLoop, Concat, RoleBegin, RoleEnd, Select, ToolCall, as_expr,
-                          check_name)
+from agentlang.ir import (AgentLoop, Concat, RoleBegin, RoleEnd, Select, SeparateReasoning,
+                          ToolCall, as_expr, check_name, concat, leaves)
 from agentlang.ir import Gen as _Gen
 from agentlang.sampling import make_options
 from agentlang.tools import Tool
@@ -157,6 +157,29 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
         raise ValueError("choices_method must be token_length_normalized, "
                          "greedy_token_selection or unconditional_likelihood_normalized")
     return Select(name, tuple(choices), float(temperature), choices_method)
+
+
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Any:
+    """``expr``'s named gens and selects, each followed by the split of its reasoning block
+    (SGLang's ``separate_reasoning``): after ``gen("a")``, ``a`` holds the answer and
+    ``a_reasoning_content`` the block (``""`` without one); the block is dropped from the
+    state's text, so later calls see the answer only. ``model_type``: SGLang's parser name
+    (``qwen3``, ``qwen3-thinking``, ``deepseek-r1``, ...; default ``qwen3``)."""
+    from agentlang.runtime.chat.reasoning import MODEL_TYPES
+
+    model_type = model_type or "qwen3"
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"separate_reasoning model_type {model_type!r}: accepted "
+                         f"{', '.join(MODEL_TYPES)}")
+    expr = as_expr(expr if expr is not None else "")
+    names = [leaf.name for leaf in leaves(expr) if isinstance(leaf, (_Gen, Select)) and leaf.name]
+    if not names:
+        raise ValueError("separate_reasoning needs a named gen or select, e.g. "
+                         "separate_reasoning(gen('answer'), model_type='qwen3')")
+    out = expr
+    for n in names:
+        out = concat(out, SeparateReasoning(n, model_type))
+    return out
 
 
 def _role(role: str, expr: Any) -> Concat:

@@ -253,6 +253,15 @@ class StreamExecutor:
                 self.text_ += text
                 self.cond.notify_all()
 
+    def replace_tail(self, old: str, new: str) -> None:
+        """The text's last ``old`` (a generation just appended) becomes ``new``; nothing when
+        the text does not end with it. A streamed state keeps its text (its readers have it)."""
+        if old == new or self.ctx.stream or not self.text_.endswith(old):
+            return
+        with self.cond:
+            self.text_ = self.text_[:len(self.text_) - len(old)] + new
+            self.cond.notify_all()
+
     def begin_role(self, role: str) -> None:
         first = not self.messages_ and self.cur_role is None
         text, messages = self.ctx.template.open_role(role, first)

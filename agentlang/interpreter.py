@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agentlang import agent
-from agentlang.ir import (AgentLoop, Expr, Gen, RoleBegin, RoleEnd, Select, Text, ToolCall,
+from agentlang.ir import (AgentLoop, Expr, Gen, RoleBegin, RoleEnd, Select, SeparateReasoning,
+                          Text, ToolCall,
                           VarScopeBegin, VarScopeEnd, handler, leaves)
 from agentlang.stream import Stream
 
@@ -60,6 +61,18 @@ class Interpreter:
             index = ctx.rng.choices(range(len(choices)), weights=weights)[0]
         self.s.fill(choices[index])
         self.s.store_var(node.name, choices[index], {**decision.meta, "scores": decision.scores})
+
+    def visit_separate_reasoning(self, node: SeparateReasoning) -> None:
+        from agentlang.runtime.chat.reasoning import split_reasoning
+
+        text = self.s.variables.get(node.name)
+        if not isinstance(text, str):
+            raise TypeError(f"separate_reasoning: variable {node.name!r} holds "
+                            f"{type(text).__name__}, not text (a typed gen has no reasoning block)")
+        reasoning, answer = split_reasoning(text, node.model_type)
+        self.s.replace_tail(text, answer)
+        self.s.store_var(node.name, answer, self.s.meta_info.get(node.name))
+        self.s.store_var(node.reasoning_name, reasoning)
 
     def visit_role_begin(self, node: RoleBegin) -> None:
         self.s.begin_role(node.role)

@@ -131,6 +131,22 @@ class AgentLoop(Expr):
 
 
 @dataclass(frozen=True)
+class SeparateReasoning(Expr):
+    """Split variable ``name`` (a finished gen) into its reasoning block and its answer:
+    ``name`` keeps the answer (in the state's text too), ``name + "_reasoning_content"`` the
+    block (SGLang's ``separate_reasoning``; ``model_type`` one of its parser names)."""
+
+    kind: ClassVar[str] = "separate_reasoning"
+
+    name: str
+    model_type: str
+
+    @property
+    def reasoning_name(self) -> str:
+        return f"{self.name}_reasoning_content"
+
+
+@dataclass(frozen=True)
 class Call(Expr):
     """Call another program inline on the same state: ``s += other(x=1)``."""
 
@@ -285,6 +301,8 @@ def written_name(node: Expr) -> str | None:
         return node.name
     if isinstance(node, (AgentLoop, VarScopeEnd)):
         return node.name
+    if isinstance(node, SeparateReasoning):
+        return node.reasoning_name
     return None
 
 

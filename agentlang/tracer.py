@@ -17,7 +17,8 @@ from typing import Any
 from agentlang.api import program_body
 from agentlang.chat_template import ChatTemplate
 from agentlang.graph import Edge, Graph, Node, short
-from agentlang.ir import (AgentLoop, Argument, Expr, Gen, Join, RoleBegin, RoleEnd, Select, Text,
+from agentlang.ir import (AgentLoop, Argument, Expr, Gen, Join, RoleBegin, RoleEnd, Select,
+                          SeparateReasoning, Text,
                           ToolCall, TraceError, Variable, VarScopeBegin, VarScopeEnd, handler,
                           leaves)
 from agentlang.state import ProgramState
@@ -153,6 +154,12 @@ class TraceStream:
     def trace_agent_loop(self, leaf: AgentLoop) -> None:
         names = ", ".join(t.name for t in leaf.tools)
         self._generating(f"agent_loop [{names}] → {leaf.name}", leaf, "agent_loop")
+
+    def trace_separate_reasoning(self, leaf: SeparateReasoning) -> None:
+        nid = self._add(leaf.kind, f"separate_reasoning {leaf.name}", reads=[leaf.name],
+                        writes=leaf.reasoning_name, expr=leaf)
+        self.writers[leaf.name] = nid           # it rewrites the gen's variable too
+        self.values.pop(leaf.name, None)
 
     def trace_role_begin(self, leaf: RoleBegin) -> None:
         text, messages = self.b.template.open_role(leaf.role,

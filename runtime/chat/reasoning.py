@@ -4,21 +4,32 @@ streamed route feeds each delta, the plain route feeds the whole text; both get 
 The block counts only at the very start of the output (leading whitespace aside); its text goes
 to ``reasoning_content`` and what follows ``</think>`` (its leading blank lines dropped) is the
 answer. Text that could still be the start of ``<think>`` or of ``</think>`` is held back until
-the next delta decides it; an output cut inside the block is all reasoning.
+the next delta decides it; an output cut inside the block is all reasoning. ``forced``: the
+template already opened the block (DeepSeek-R1, Qwen3 thinking models), so the output starts
+inside it and everything up to ``</think>`` is reasoning.
+
+:data:`MODEL_TYPES` names the models by SGLang's reasoning-parser names (its
+``separate_reasoning(model_type=...)`` and ``--reasoning-parser``) for the formats read here.
 """
 
 from __future__ import annotations
 
 from agentlang.runtime.grammar.tool_format import REASONING
 
+# SGLang's model-type names of the <think> formats: (block, the template opens it)
+MODEL_TYPES = {"qwen3": ("think", False), "glm45": ("think", False),
+               "qwen3-thinking": ("think", True), "deepseek-r1": ("think", True),
+               "minimax": ("think", True), "step3": ("think", True)}
+
 
 class ReasoningSplit:
     """``feed(text) -> (reasoning delta, answer delta)``; ``flush()`` at the end."""
 
-    def __init__(self, reasoning: str | None):
+    def __init__(self, reasoning: str | None, forced: bool = False):
         begin, end = REASONING[reasoning] if reasoning else ("", "")
         self.begin, self.close = begin, end.strip()
-        self.state = "start" if reasoning else "answer"   # start | inside | after | answer
+        # start | inside | after | answer
+        self.state = ("inside" if forced else "start") if reasoning else "answer"
         self.buf = ""
         self.reasoned = self.answered = False   # the block's / the answer's first text given
 
@@ -80,3 +91,13 @@ def _partial_suffix(text: str, marker: str) -> int:
         if marker.startswith(text[-k:]):
             return k
     return 0
+
+
+def split_reasoning(text: str, model_type: str) -> tuple[str, str]:
+    """``(reasoning, answer)`` of a whole output of a ``model_type`` model (:data:`MODEL_TYPES`;
+    reasoning ``""`` when there is no block, as SGLang's parser gives)."""
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r}: accepted {', '.join(MODEL_TYPES)}")
+    block, forced = MODEL_TYPES[model_type]
+    reasoning, answer = ReasoningSplit(block, forced).split(text)
+    return reasoning or "", answer
