@@ -297,9 +297,7 @@ def leaves(expr: Expr) -> tuple[Expr, ...]:
 
 def written_name(node: Expr) -> str | None:
     """The variable a leaf node writes, if any."""
-    if isinstance(node, (Gen, Select, ToolCall)):
-        return node.name
-    if isinstance(node, (AgentLoop, VarScopeEnd)):
+    if isinstance(node, (Gen, Select, ToolCall, AgentLoop, VarScopeEnd)):
         return node.name
     if isinstance(node, SeparateReasoning):
         return node.reasoning_name
