@@ -22,6 +22,12 @@ It also measures what the draft-length policy models: one sequence's native step
 
     .venv/bin/python bench/speculative.py [--rounds 5] [--new-tokens 256] [--quick]
                                           # writes bench/results/speculative.json
+    .venv/bin/python bench/speculative.py --shared-only --new-tokens 128
+                                          # bench/results/speculative_shared.json
+
+The rounds above run on a server without the index of other requests' outputs (they repeat
+the same prompts, which it would copy); ``shared_side`` measures that index on its own: each
+copy-heavy workload's 8 variants in turn, on a server without it and on one with it.
 """
 
 from __future__ import annotations
@@ -116,8 +122,10 @@ async def run_batch(c: httpx.AsyncClient, model: str, prompts, new_tokens: int,
 
 def agentlang_side(args, tok) -> dict:
     port = free_port()
+    # the same prompts every round: the index of other requests' outputs would copy the
+    # previous round's answers, so these figures are the own context's (shared_side: the index)
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
-           "--weights", "auto", "--log-level", "warning"]
+           "--weights", "auto", "--log-level", "warning", "--speculative-shared-cap", "0"]
     server = launch("agentlang", cmd, port, "default", cwd=ROOT)
     results: dict = {}
     try:
@@ -156,6 +164,48 @@ def agentlang_side(args, tok) -> dict:
     finally:
         stop_server(server.proc)
     return results
+
+
+def shared_side(args, tok) -> dict:
+    """Drafts from other requests' outputs: each copy-heavy workload's 8 variants (their own
+    first lines) one after another, speculation on, on a server without the shared index and on
+    one with it (fresh servers; no prompt repeats): tok/s of the 8, acceptance, identity."""
+    results: dict = {}
+    for cap in ("0", "65536"):
+        port = free_port()
+        cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port), "--weights",
+               "auto", "--log-level", "warning", "--speculative-shared-cap", cap]
+        server = launch("agentlang", cmd, port, "default", cwd=ROOT)
+        try:
+            async def main():
+                async with httpx.AsyncClient(base_url=server.url, timeout=3600) as c:
+                    for name in COPY_HEAVY:
+                        runs = []
+                        for p in prompts_of(tok, name, 8):
+                            await run_batch(c, server.model, [p], 2, {})    # cache the prompt
+                            runs.append(await run_batch(c, server.model, [p], args.new_tokens,
+                                                        {"speculative": True}))
+                        results.setdefault(name, {})[cap] = runs
+            asyncio.run(main())
+        finally:
+            stop_server(server.proc)
+    out = {}
+    for name, by_cap in results.items():
+        row = {}
+        for cap, runs in by_cap.items():
+            rate = statistics.median(r["tok_s"] for r in runs[1:])     # the 7 after the first
+            drafted = sum(r["drafted"] for r in runs)
+            row[f"cap{cap}"] = {"tok_s_median_after_first": round(rate, 2),
+                                "acceptance": round(sum(r["accepted"] for r in runs) / drafted, 3)
+                                if drafted else None,
+                                "accepted": sum(r["accepted"] for r in runs)}
+        row["speedup"] = round(row["cap65536"]["tok_s_median_after_first"] /
+                               row["cap0"]["tok_s_median_after_first"], 3)
+        row["identical_outputs"] = [r["texts"] for r in by_cap["0"]] == \
+            [r["texts"] for r in by_cap["65536"]]
+        out[name] = row
+        print(f"  shared index {name:11s}: x{row['speedup']:.2f}  {row}", flush=True)
+    return out
 
 
 def llama_side(args, tok, gguf: Path) -> dict:
@@ -201,6 +251,8 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--no-llama", action="store_true", help="skip llama-server")
     ap.add_argument("--quick", action="store_true", help="2 rounds, 64 tokens (a smoke run)")
+    ap.add_argument("--shared-only", action="store_true",
+                    help="only the shared index of other requests' outputs (shared_side)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.quick:
@@ -217,6 +269,12 @@ def main() -> None:
                             "model": "SmolLM2-135M-Instruct Q4_1 (weights auto, float32)"},
                "row_cost": row_costs()}
     print(results["row_cost"], flush=True)
+    print("the shared index: 8 variants of each copy-heavy workload in turn ...", flush=True)
+    results["shared_index"] = shared_side(args, tok)
+    if args.shared_only:
+        path = write_results("speculative_shared", results, args.out, args.quick)
+        print(f"wrote {path}")
+        return
     print("agentlang serve, speculation off / on ...", flush=True)
     results["agentlang"] = ag = agentlang_side(args, tok)
     for batch in BATCHES:

@@ -9,6 +9,7 @@ import torch
 from agentlang.runtime.cache.kv_quant import check_kv_dtype_support
 from agentlang.runtime.speculative.policy import (DEFAULT_MAX_DRAFT, ROW_COST, check_max_draft,
                                                   check_row_cost)
+from agentlang.runtime.speculative.shared_lookup import SHARED_CAP
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,10 +40,12 @@ class EngineConfig:
     seed: int = 0
     cuda_graph: bool | None = None        # decode from CUDA graphs; None: on for CUDA + triton
     # model-free speculative decoding (agentlang.runtime.speculative): the default of requests
-    # that do not set ``speculative``; draft cap; a verify row's cost relative to a step
+    # that do not set ``speculative``; draft cap; a verify row's cost relative to a step;
+    # entries of the index of other requests' outputs (0: drafts from the own context only)
     speculative: bool = False
     speculative_max_draft: int = DEFAULT_MAX_DRAFT
     speculative_row_cost: float = ROW_COST
+    speculative_shared_cap: int = SHARED_CAP
     # sessions (agentlang.runtime.engine.sessions): open at most; a finished turn's KV held at
     # most this long; session holds keep at most this share of the pool; idle timeout default
     max_sessions: int = 1024
@@ -81,6 +84,10 @@ class EngineConfig:
             raise ValueError(f"speculative must be True or False, got {self.speculative!r}")
         check_max_draft(self.speculative_max_draft, "speculative_max_draft")
         check_row_cost(self.speculative_row_cost, "speculative_row_cost")
+        cap = self.speculative_shared_cap
+        if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= 2 ** 24:
+            raise ValueError(f"speculative_shared_cap must be an integer in [0, {2 ** 24}] "
+                             f"(0: no shared index), got {cap!r}")
         if not isinstance(self.max_sessions, int) or isinstance(self.max_sessions, bool) or \
                 self.max_sessions < 0:
             raise ValueError(f"max_sessions must be an integer >= 0, got {self.max_sessions!r}")

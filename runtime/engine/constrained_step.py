@@ -42,7 +42,7 @@ from agentlang.runtime.grammar import mask as grammar_mask
 from agentlang.runtime.grammar.jump_forward import draft_tokens
 from agentlang.runtime.sampling.sampler import (RowSpec, TokenLogprob, choose_tokens, model_logprobs,
                              prepare_logits, row_logprobs, top_logprobs)
-from agentlang.runtime.speculative import ContextLookup, DraftPolicy
+from agentlang.runtime.speculative import ContextLookup, DraftPolicy, SharedLookup
 from agentlang.runtime.speculative.policy import MAX_DRAFT   # most draft tokens a step verifies
 
 if TYPE_CHECKING:
@@ -68,15 +68,27 @@ class Sampled(NamedTuple):
 class ConstrainedStep:
     """Sampling for the requests of one engine: ``eos_ids`` are held back while
     ``min_tokens`` is not reached, ``max_context`` bounds the budget of a forced completion,
-    ``tokenizer`` turns forced text into drafts."""
+    ``tokenizer`` turns forced text into drafts; ``shared_cap`` > 0 drafts from other
+    requests' outputs too (:class:`SharedLookup` of that many entries)."""
 
     def __init__(self, tokenizer, eos_ids: set[int], max_context: int,
-                 policy: DraftPolicy | None = None, speculative: bool = False):
+                 policy: DraftPolicy | None = None, speculative: bool = False,
+                 shared_cap: int = 0):
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.max_context = max_context
         self.policy = DraftPolicy() if policy is None else policy
         self.speculative = speculative      # the default of requests that do not say
+        self.shared = SharedLookup(shared_cap) if shared_cap else None
+
+    def speculating(self, req: Request) -> bool:
+        """Whether ``req`` drafts from contexts (its own setting, else the engine's)."""
+        return self.speculative if req.params.speculative is None else req.params.speculative
+
+    def finished(self, req: Request) -> None:
+        """A completion ended: a speculating one's output joins the shared index."""
+        if self.shared is not None and req.output_ids and self.speculating(req):
+            self.shared.add(req.group.namespace, req.output_ids)
 
     def run(self, jobs: Sequence[StepJob], logits: torch.Tensor) -> list[Sampled]:
         """``logits [rows, V]`` of the step; returns one :class:`Sampled` per job, in order.
@@ -181,7 +193,7 @@ class ConstrainedStep:
     def _next_draft(self, req: Request, out: Sequence[int], batch: int) -> tuple[list[int], str]:
         """The next step's draft once ``out`` is appended, and where it came from: the
         grammar's forced text (``"grammar"``, with jump-forward on), else, with speculation on,
-        a copy from the request's own context (``"lookup"``) of the length
+        a copy from the request's own context or another output (``"lookup"``) of the length
         :class:`DraftPolicy` picks for a step of ``batch`` requests; ``([], "")`` for none."""
         p = req.params
         n = req.num_tokens + len(out)                       # tokens once out is appended
@@ -192,13 +204,17 @@ class ConstrainedStep:
             forced = draft_tokens(req.matcher, self.tokenizer, max_tokens=min(MAX_DRAFT, left))
             if forced:
                 return forced, "grammar"
-        if not (self.speculative if p.speculative is None else p.speculative) or left < 2:
+        if not self.speculating(req) or left < 2:
             return [], ""
         if req.lookup is None or len(req.lookup) != n - len(out):
             req.lookup = ContextLookup(req.all_ids)
         req.lookup.extend(out)
         k = self.policy.length(req.spec.acceptance, batch, cap=left - 1)
-        draft, _ = req.lookup.draft(max(k, 1))
+        draft, matched = req.lookup.draft(max(k, 1))
+        if self.shared is not None:      # another output's longer match predicts better
+            other, longer = self.shared.draft(req.group.namespace, req.lookup.tokens, max(k, 1))
+            if longer > matched:
+                draft = other
         if k <= 0 and draft:                 # declined: kept as a shadow guess (policy doc)
             req.shadow, draft = draft[0], []
         return draft, "lookup" if draft else ""

@@ -108,7 +108,7 @@ class Engine:
                                          self.tokenizer, self.eos_ids, self.max_context,
                                          DraftPolicy(cfg.speculative_max_draft,
                                                      cfg.speculative_row_cost),
-                                         cfg.speculative)
+                                         cfg.speculative, cfg.speculative_shared_cap)
         self.step_loop = StepLoop(self.step, self._fail_all)
         # sessions: open / close / SGLang turns (engine.sessions.open(...), ...)
         self.sessions = EngineSessions(registry, self.scheduler, self.builder.namespace,

@@ -29,11 +29,13 @@ from agentlang.runtime.speculative import DraftPolicy
 class OutputProcessor:
     def __init__(self, tracker: RequestTracker, scheduler: Scheduler, builder: RequestBuilder,
                  tokenizer: Any, eos_ids: set[int], max_context: int,
-                 policy: DraftPolicy | None = None, speculative: bool = False):
+                 policy: DraftPolicy | None = None, speculative: bool = False,
+                 shared_cap: int = 0):
         self.tracker = tracker
         self.scheduler = scheduler
         self.builder = builder
-        self.sampler = ConstrainedStep(tokenizer, eos_ids, max_context, policy, speculative)
+        self.sampler = ConstrainedStep(tokenizer, eos_ids, max_context, policy, speculative,
+                                       shared_cap)
         self.eos_ids = eos_ids
         self.max_context = max_context
         self.on_group_finish: Callable[[RequestGroup], None] | None = None   # sessions' hook
@@ -173,6 +175,8 @@ class OutputProcessor:
             return
         req.finish_reason, req.matched_stop = reason, matched
         self.scheduler.remove(req)
+        if reason != "abort":
+            self.sampler.finished(req)
         g = req.group
         if error:
             g.error = error
