@@ -156,14 +156,15 @@ def summarize(agents: list[dict], wall: float) -> dict:
             "per_agent": [{"prompts": a["prompts"], "cached": a["cached"]} for a in agents]}
 
 
-def start_agentlang(tokens: int, args) -> object:
+def start_agentlang(tokens: int, args, policy: str = "lpm") -> object:
     bytes_per_token = 2 * 3 * 64 * 30 * (4 if args.dtype == "float32" else 2)   # SmolLM2-135M
     mb = tokens * bytes_per_token / 2**20
     port = free_port()
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
            "--dtype", args.dtype, "--weights", "auto", "--kv-budget-mb", f"{mb:.3f}",
            "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning",
-           "--session-max-fraction", str(args.session_max_fraction)]
+           "--session-max-fraction", str(args.session_max_fraction),
+           "--schedule-policy", policy]
     return launch(f"agentlang ({args.dtype})", cmd, port, "default", cwd=ROOT)
 
 
@@ -195,6 +196,9 @@ def main() -> None:
     ap.add_argument("--modes", nargs="*", default=["off", "on"], choices=["off", "on"],
                     help="agentlang runs (none: the peers only)")
     ap.add_argument("--quick", action="store_true", help="8 agents, 3 turns, pool 1/2")
+    ap.add_argument("--schedule-policies", nargs="+", default=["lpm"], choices=["lpm", "program"],
+                    help="agentlang's --schedule-policy, each its own run (program: Autellix's "
+                         "least-served program first; results keyed '... (program)')")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.quick:
@@ -214,14 +218,16 @@ def main() -> None:
     for frac in args.fractions:
         tokens = int(peak * frac)
         row = res[f"pool {frac:g}"] = {"pool_tokens": tokens}
-        for mode in args.modes:
-            server = start_agentlang(tokens, args)
-            try:
-                row[f"agentlang sessions {mode}"] = r = asyncio.run(
-                    run_agents(server.url, server.model, p, args.turns, mode == "on"))
-            finally:
-                stop_server(server.proc)
-            _print(f"pool {frac:g} agentlang {mode}", r)
+        for policy in args.schedule_policies:
+            for mode in args.modes:
+                label = f"sessions {mode}" + ("" if policy == "lpm" else f" ({policy})")
+                server = start_agentlang(tokens, args, policy)
+                try:
+                    row[f"agentlang {label}"] = r = asyncio.run(
+                        run_agents(server.url, server.model, p, args.turns, mode == "on"))
+                finally:
+                    stop_server(server.proc)
+                _print(f"pool {frac:g} agentlang {label}", r)
         if "vllm" in args.peers:
             server, kv_bytes = start_vllm(tokens, args)
             try:

@@ -46,6 +46,13 @@ earlier admissions, and a running lower-priority request still progresses (oldes
 aging lifts a waiting one to ``top`` as above. With equal priorities no step is urgent:
 scheduling is exactly as without priorities.
 
+Admission order of waiting requests (:meth:`PriorityPolicy.admission_key`), rule by rule:
+(1) higher effective priority (priority + aging); (2) with ``program_first`` (the
+``program`` schedule policy) the request whose program has received less service so far
+(:mod:`agentlang.runtime.core.program_service`, Autellix's PLAS rule); (3) longer cached prefix;
+(4) arrival. Running requests are not reordered by it (they run oldest admission first), and
+preemption stays by priority only.
+
 Breaks between layers (``agentlang.runtime.engine.layer_break``; the step in flight): a request arriving while
 a step runs is served between its layers if its rank is above the lowest effective priority
 in that step (:meth:`PriorityPolicy.outranking`); equal priorities never break a step.
@@ -55,8 +62,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import chain
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from agentlang.runtime.core.program_service import ProgramService
 
 PRIORITY_MIN = -(2 ** 31)
 PRIORITY_MAX = 2 ** 31 - 1
@@ -86,6 +95,8 @@ class Prioritized(Protocol):
 class PriorityPolicy:
     low_values_first: bool = False
     age_steps: int = 64
+    program_first: bool = False           # rule (2) of the admission order (module doc)
+    service: ProgramService = field(default_factory=ProgramService, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.age_steps, int) or self.age_steps < 1:
@@ -99,10 +110,17 @@ class PriorityPolicy:
         """Rank plus the aging bonus: one per ``age_steps`` steps spent waiting."""
         return self.rank(req.priority) + req.wait_steps // self.age_steps
 
-    def admission_key(self, req: Prioritized, cached_tokens: int) -> tuple[int, int]:
+    def admission_key(self, req: Prioritized, cached_tokens: int) -> tuple[int, int, int]:
         """Sort key of a waiting request (ascending = admitted first): effective priority,
-        then longest cached prefix; a stable sort keeps arrival order among equals."""
-        return (-self.effective(req), -cached_tokens)
+        then (``program_first``) its program's attained service, then longest cached prefix;
+        a stable sort keeps arrival order among equals."""
+        served = self.service.attained(req) if self.program_first else 0
+        return (-self.effective(req), served, -cached_tokens)
+
+    def charge(self, req: Prioritized, tokens: int) -> None:
+        """A step runs ``tokens`` of ``req``: its program's service grows (``program_first``)."""
+        if self.program_first:
+            self.service.charge(req, tokens)
 
     def victim(self, running: Iterable[Prioritized], below: int | None = None
                ) -> Prioritized | None:

@@ -10,6 +10,7 @@ from agentlang.runtime.cache.kv_quant import check_kv_dtype_support
 from agentlang.runtime.speculative.policy import (DEFAULT_MAX_DRAFT, ROW_COST, check_max_draft,
                                                   check_row_cost)
 from agentlang.runtime.speculative.shared_lookup import SHARED_CAP
+from agentlang.runtime.core.program_service import check_schedule_policy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -31,6 +32,7 @@ class EngineConfig:
     max_running: int = 64
     max_wait_steps: int = 64              # aging: +1 effective priority per this many steps waited
     schedule_low_priority_values_first: bool = False   # priority direction (agentlang.runtime.core.priority)
+    schedule_policy: str = "lpm"          # "program": least-served program first (core.program_service)
     max_lower_priority_tokens: int = 8    # lower-priority tokens in an urgent step (priority.py)
     urgent_slots: int = 4                 # above max_running: requests outranking a running one
     max_agent_labels: int = 32            # per-agent accounting series before "other"
@@ -84,6 +86,7 @@ class EngineConfig:
             raise ValueError(f"speculative must be True or False, got {self.speculative!r}")
         check_max_draft(self.speculative_max_draft, "speculative_max_draft")
         check_row_cost(self.speculative_row_cost, "speculative_row_cost")
+        check_schedule_policy(self.schedule_policy)
         cap = self.speculative_shared_cap
         if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= 2 ** 24:
             raise ValueError(f"speculative_shared_cap must be an integer in [0, {2 ** 24}] "

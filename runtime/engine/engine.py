@@ -81,7 +81,7 @@ class Engine:
         copy = lambda src, dst: self.backend.copy_pages(self.pool, src, dst)  # noqa: E731
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.page_size, cfg.max_batch_tokens, cfg.max_running,
-                            cfg.max_wait_steps,
+                            cfg.max_wait_steps, schedule_policy=cfg.schedule_policy,
                             low_priority_values_first=cfg.schedule_low_priority_values_first,
                             max_lower_priority_tokens=cfg.max_lower_priority_tokens,
                             urgent_slots=cfg.urgent_slots,

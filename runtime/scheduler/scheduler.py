@@ -4,13 +4,12 @@ Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_bat
 
 1. every running request with uncomputed tokens, oldest admission first — decodes cost one
    token, an unfinished (chunked) prefill takes what budget is left;
-2. waiting requests by effective priority (``agentlang.runtime.core.priority``: priority plus one per
-   ``max_wait_steps`` steps waited — the aging rule that bounds starvation), then longest
-   cached prefix first (cache-aware), up to ``max_running``; one that outranks a running
-   request may also take one of ``urgent_slots`` slots above it, and only when those or the
-   pages are taken does it preempt running ones of lower effective priority. A waiting
-   request whose not-yet-cached prompt overlaps a prefill in flight waits a step (a shared
-   prefix is computed once, then matched from the cache).
+2. waiting requests by effective priority (``core.priority``: priority plus one per
+   ``max_wait_steps`` steps waited, the aging rule), then (policy ``program``) least-served
+   program, then longest cached prefix, up to ``max_running``; one that outranks a running
+   request may take one of ``urgent_slots`` slots above it, and only when those or the pages
+   are taken preempts running ones of lower effective priority. A waiting request whose
+   uncached prompt overlaps a prefill in flight waits a step (a shared prefix is computed once).
 
 An *urgent* step (``PriorityPolicy.urgent_rank``: a request needing a prefill outranks some
 request present) does 1–2 first for the requests at or above that rank only, within the budget
@@ -19,11 +18,10 @@ most ``max_lower_priority_tokens`` tokens. With equal priorities no step is urge
 the layers of a step in flight, arrivals that outrank part of it are admitted and served
 (:meth:`Scheduler.admit_between_layers`, ``agentlang.runtime.engine.layer_break``).
 
-Out of pages: evict from the radix cache, release session holds (:mod:`agentlang.runtime.cache.
-retention`; a hold never makes a request wait), then preempt the running request of lowest
-effective priority, most recently admitted first (its computed KV goes into the cache, it is
-requeued and recomputed later). A request is never dropped; one that cannot fit even alone ends with
-``finish_reason="length"``. Token ids reach the cache as ``TokenKey.trusted`` (validated).
+Out of pages: evict from the radix cache, release session holds (``cache.retention``; a hold
+never makes a request wait), then preempt the running request of lowest effective priority,
+newest admission first (its KV goes into the cache; it is requeued). A request is never
+dropped; one that cannot fit even alone ends with ``finish_reason="length"``.
 """
 
 from __future__ import annotations
@@ -54,6 +52,7 @@ class SchedulerConfig:
     max_lower_priority_tokens: int = 8   # lower-priority tokens in an urgent step
     urgent_slots: int = 4   # running above max_running for requests that outrank a running one
     retain_max_pages: int = 0   # pages session holds may keep (agentlang.runtime.cache.retention)
+    schedule_policy: str = "lpm"   # "program": least-served program first (core/program_service)
 
 
 class Scheduler:
@@ -65,7 +64,8 @@ class Scheduler:
         self.cache = cache
         self.copy_fn = copy_fn
         self.table_stats = PageTableStats()
-        self.policy = PriorityPolicy(cfg.low_priority_values_first, cfg.max_wait_steps)
+        self.policy = PriorityPolicy(cfg.low_priority_values_first, cfg.max_wait_steps,
+                                     cfg.schedule_policy == "program")
         self.retention = Retention(cache, cfg.retain_max_pages)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -251,7 +251,6 @@ class Scheduler:
                         self._urgent_cap)
         return items
 
-
     def _admit(self, items: list[ScheduledItem], budget: int,
                select: Callable[[Request], bool], cap: int | None = None) -> None:
         """Admit selected waiting requests (``admission_key`` order) within ``budget``, while
@@ -315,6 +314,7 @@ class Scheduler:
 
     def _item(self, req: Request, n: int) -> ScheduledItem:
         start = req.num_computed
+        self.policy.charge(req, n)
         ids = req.all_ids + req.draft
         completes = start + n == len(ids)
         rows: list[int] = []

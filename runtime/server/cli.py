@@ -25,7 +25,7 @@ ENGINE_FLAGS = ("page_size", "kv_budget_mb", "max_batch_tokens", "max_running",
                 "grammar_backend", "dtype", "kv_dtype", "schedule_low_priority_values_first",
                 "max_wait_steps", "max_lower_priority_tokens", "urgent_slots", "weights",
                 "speculative", "speculative_max_draft", "speculative_row_cost",
-                "speculative_shared_cap",
+                "speculative_shared_cap", "schedule_policy",
                 "max_sessions", "session_hold_s", "session_max_fraction", "session_timeout_s")
 
 
@@ -74,6 +74,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="what one more row of a step costs relative to a one-row step, in "
                         "(0, 1]: the draft-length policy's model (default 0.35, measured on 2 "
                         "AVX2 cores by bench/speculative.py)")
+    p.add_argument("--schedule-policy", choices=["lpm", "program"], default=None,
+                   help="order of waiting requests of equal priority: 'lpm' longest cached "
+                        "prefix first (default), 'program' the request whose program (session, "
+                        "DSL run or agent label) has had the least service first (Autellix's PLAS)")
     p.add_argument("--speculative-shared-cap", type=int, default=None,
                    help="entries of the index of recent outputs that drafts are also copied "
                         "from (per cache namespace, least recently used evicted; 0: drafts from "
