@@ -15,12 +15,12 @@ from agentlang.runtime import Engine, SamplingParams
 from agentlang.runtime.models.config import LlamaConfig
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.models.llama import LlamaModel
-from agentlang.runtime.weights.model_loader import ModelLoadError, resolve_model
+from agentlang.runtime.weights.model_loader import ModelLoadError
 from tests.conftest import GreedyOracle
 from tests.models.test_model_fidelity import run_prefill
 from tests.support.gguf_convert import hf_to_gguf
 from tests.support.gguf_files import gguf_tokenizer_fields
-from tests.support.models import random_hf_model
+from tests.support.models import family_dirs, hf_models
 
 pytestmark = pytest.mark.slow
 
@@ -45,17 +45,12 @@ FAMILIES = {
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    tok = resolve_model().path
-    return {name: random_hf_model(fam, tok, tmp_path_factory.mktemp(name), **shapes)
-            for name, (fam, shapes) in FAMILIES.items()}
+    return family_dirs(tmp_path_factory, FAMILIES)
 
 
 @pytest.fixture(scope="module")
 def hf(dirs):
-    from transformers import AutoModelForCausalLM
-
-    return {n: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-            for n, d in dirs.items()}
+    return hf_models(dirs)
 
 
 def prompts(name: str, n: int = 3) -> list[list[int]]:
@@ -124,32 +119,39 @@ def test_bad_partial_rotary_and_factors_named(dirs):
 @pytest.fixture(scope="module")
 def gguf_dirs(tmp_path_factory):
     """The families with the tiny GGUF tokenizer's vocabulary, as HF dirs (the GGUF oracle)."""
-    tok, fields = resolve_model().path, gguf_tokenizer_fields()
-    vocab = len(fields["tokenizer.ggml.tokens"])
-    return {name: random_hf_model(FAMILIES[name][0], tok, tmp_path_factory.mktemp(f"g_{name}"),
-                                  seed=3, **FAMILIES[name][1], vocab_size=vocab)
-            for name in ("qwen3", "phi4_long")}
+    vocab = len(gguf_tokenizer_fields()["tokenizer.ggml.tokens"])
+    return family_dirs(tmp_path_factory, {n: FAMILIES[n] for n in ("qwen3", "phi4_long")},
+                       "g_", seed=3, vocab_size=vocab)
 
 
 @pytest.mark.parametrize("name", ["qwen3", "phi4_long"])
 def test_gguf_matches_hf_and_quantized_matches_decoded(gguf_dirs, tmp_path, name):
+    seqs = [[(7 * i + j) % 250 + 3 for j in range(ORIG + 5 + i)] for i in range(2)]
+    # q/k norms and partial rotary are the C decode layer's too
+    check_gguf(gguf_dirs[name], tmp_path, seqs, native=True)
+
+
+def check_gguf(hf_dir, tmp_path, seqs, native: bool, **hf_kwargs):
+    """The GGUF of ``hf_dir`` in F32 gives HF's last logits of ``seqs`` (1e-3); its Q8_0 and
+    Q4_1 files kept quantized give their own decoded weights' (2e-3 relative), with the native
+    decode layer built or not as ``native`` says. Returns the F32 model."""
     from transformers import AutoModelForCausalLM
 
     from tests.weights.test_gguf_loading import prefill_logits
 
-    ref_model = AutoModelForCausalLM.from_pretrained(gguf_dirs[name], dtype=torch.float32).eval()
-    seqs = [[(7 * i + j) % 250 + 3 for j in range(ORIG + 5 + i)] for i in range(2)]
-    f32 = load_gguf_model(hf_to_gguf(gguf_dirs[name], tmp_path / "f32.gguf", gguf_tokenizer_fields()))
+    ref = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **hf_kwargs).eval()
+    f32 = load_gguf_model(hf_to_gguf(hf_dir, tmp_path / "f32.gguf", gguf_tokenizer_fields()))
     got = prefill_logits(f32, seqs)
     for i, s in enumerate(seqs):
-        assert (got[i] - hf_last(ref_model, s)).abs().max().item() <= 1e-3
+        assert (got[i] - hf_last(ref, s)).abs().max().item() <= 1e-3
     for qtype in ("Q8_0", "Q4_1"):
-        path = hf_to_gguf(gguf_dirs[name], tmp_path / f"{qtype}.gguf", gguf_tokenizer_fields(), qtype)
+        path = hf_to_gguf(hf_dir, tmp_path / f"{qtype}.gguf", gguf_tokenizer_fields(), qtype)
         auto, dense = load_gguf_model(path, "auto"), load_gguf_model(path, "dense")
         assert dense.weights_report == {qtype: "dense float32"}
-        assert auto.native_decoder is not None  # q/k norms and partial rotary in the C layer too
+        assert (auto.native_decoder is not None) == native
         a, d = prefill_logits(auto, seqs), prefill_logits(dense, seqs)
         assert (a - d).abs().max().item() <= 2e-3 * d.abs().max().item()
+    return f32
 
 
 N_NEW = 20
@@ -175,23 +177,30 @@ def test_greedy_invariant_to_batching_cache_page_size_and_chunking(dirs, hf, nam
 
     oracle = ForwardOracle(hf[name], AutoTokenizer.from_pretrained(dirs[name]))
     seqs = prompts(name, 4)
-    ref = [list(oracle.continuation(tuple(s), N_NEW)) for s in seqs]
-    params = SamplingParams(max_tokens=N_NEW, temperature=0, ignore_eos=True)
+    check_invariance(str(dirs[name]), oracle, seqs,
+                     [list(oracle.continuation(tuple(s), N_NEW)) for s in seqs])
+
+
+def check_invariance(path: str, oracle, seqs, ref, n_new: int = N_NEW):
+    """Greedy outputs of ``seqs`` equal ``ref`` (the oracle's, ties aside) alone, batched cold
+    and warm at page sizes 1 and 16, and with 8-token prefill chunks; returns the check."""
+    params = SamplingParams(max_tokens=n_new, temperature=0, ignore_eos=True)
 
     def check(outs, label):
         for s, o, r in zip(seqs, outs, ref):
             oracle.assert_same(s, o.token_ids, r, label)
 
     for page_size in (1, 16):
-        eng = Engine(str(dirs[name]), page_size=page_size, kv_budget_mb=32)
+        eng = Engine(path, page_size=page_size, kv_budget_mb=32)
         check([eng.generate(s, params) for s in seqs], f"alone ps={page_size}")
         eng.flush_cache()
         check(eng.generate(seqs, params), f"batch-cold ps={page_size}")
         warm = eng.generate(seqs, params)
         check(warm, f"batch-warm ps={page_size}")
         assert sum(o.meta["cached_tokens"] for o in warm) > 0
-    chunked = Engine(str(dirs[name]), page_size=16, kv_budget_mb=32, max_batch_tokens=8)
+    chunked = Engine(path, page_size=16, kv_budget_mb=32, max_batch_tokens=8)
     check(chunked.generate(seqs, params), "chunked max_batch_tokens=8")
+    return check
 
 
 def test_long_rope_output_does_not_depend_on_where_the_sequence_crosses_orig(dirs):

@@ -19,12 +19,12 @@ from agentlang.runtime import Engine, SamplingParams
 from agentlang.runtime.models.config import LlamaConfig
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.models.llama import LlamaModel
-from agentlang.runtime.weights.model_loader import ModelLoadError, resolve_model
-from tests.models.test_families import ForwardOracle, hf_last
+from agentlang.runtime.weights.model_loader import ModelLoadError
+from tests.models.test_families import ForwardOracle, check_gguf, check_invariance, hf_last
 from tests.models.test_model_fidelity import run_prefill
 from tests.support.gguf_convert import hf_to_gguf
 from tests.support.gguf_files import gguf_tokenizer_fields
-from tests.support.models import random_hf_model
+from tests.support.models import family_dirs, hf_models
 
 pytestmark = pytest.mark.slow
 
@@ -47,18 +47,12 @@ FAMILIES = {
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    tok = resolve_model().path
-    return {name: random_hf_model(fam, tok, tmp_path_factory.mktemp(name), **shapes)
-            for name, (fam, shapes) in FAMILIES.items()}
+    return family_dirs(tmp_path_factory, FAMILIES)
 
 
 @pytest.fixture(scope="module")
 def hf(dirs):
-    from transformers import AutoModelForCausalLM
-
-    return {n: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
-                                                    attn_implementation="eager").eval()
-            for n, d in dirs.items()}
+    return hf_models(dirs, attn_implementation="eager")
 
 
 def prompts(n: int = 3, length: int = 3 * WINDOW + 1) -> list[list[int]]:
@@ -117,21 +111,7 @@ def test_greedy_invariant_to_batching_cache_chunking_preemption_and_forks(dirs, 
     seqs = prompts(4)
     ref = [list(oracle.continuation(tuple(s), N_NEW)) for s in seqs]
     params = SamplingParams(max_tokens=N_NEW, temperature=0, ignore_eos=True)
-
-    def check(outs, label):
-        for s, o, r in zip(seqs, outs, ref):
-            oracle.assert_same(s, o.token_ids, r, label)
-
-    for page_size in (1, 16):
-        eng = Engine(str(dirs[name]), page_size=page_size, kv_budget_mb=32)
-        check([eng.generate(s, params) for s in seqs], f"alone ps={page_size}")
-        eng.flush_cache()
-        check(eng.generate(seqs, params), f"batch-cold ps={page_size}")
-        warm = eng.generate(seqs, params)
-        check(warm, f"batch-warm ps={page_size}")
-        assert sum(o.meta["cached_tokens"] for o in warm) > 0
-    chunked = Engine(str(dirs[name]), page_size=16, kv_budget_mb=32, max_batch_tokens=8)
-    check(chunked.generate(seqs, params), "chunked max_batch_tokens=8")
+    check = check_invariance(str(dirs[name]), oracle, seqs, ref, N_NEW)
     tight = Engine(str(dirs[name]), page_size=4, num_pages=24, max_batch_tokens=256)
     check(tight.generate(seqs, params), "preemption")
     assert tight.metrics()["preemptions"] > 0, "the KV budget did not force preemption"
@@ -149,33 +129,17 @@ def test_greedy_invariant_to_batching_cache_chunking_preemption_and_forks(dirs, 
 def gguf_dirs(tmp_path_factory):
     """The families with the tiny GGUF tokenizer's vocabulary and the query scalar llama.cpp
     assumes for files (the head dim: GGUF has no field for it)."""
-    tok, fields = resolve_model().path, gguf_tokenizer_fields()
-    vocab = len(fields["tokenizer.ggml.tokens"])
-    return {name: random_hf_model(fam, tok, tmp_path_factory.mktemp(f"g_{name}"), seed=3,
-                                  **{**shapes, "query_pre_attn_scalar": 16}, vocab_size=vocab)
-            for name, (fam, shapes) in FAMILIES.items()}
+    vocab = len(gguf_tokenizer_fields()["tokenizer.ggml.tokens"])
+    return family_dirs(tmp_path_factory, FAMILIES, "g_", seed=3, query_pre_attn_scalar=16,
+                       vocab_size=vocab)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_gguf_matches_hf_and_quantized_matches_decoded(gguf_dirs, tmp_path, name):
-    from transformers import AutoModelForCausalLM
-
-    from tests.weights.test_gguf_loading import prefill_logits
-
-    ref_model = AutoModelForCausalLM.from_pretrained(gguf_dirs[name], dtype=torch.float32,
-                                                     attn_implementation="eager").eval()
     seqs = [[(7 * i + j) % 250 + 3 for j in range(3 * WINDOW + i)] for i in range(2)]
-    f32 = load_gguf_model(hf_to_gguf(gguf_dirs[name], tmp_path / "f32.gguf", gguf_tokenizer_fields()))
+    # Gemma's layers are not the C decode layer's
+    f32 = check_gguf(gguf_dirs[name], tmp_path, seqs, native=False, attn_implementation="eager")
     assert f32.config.layer_windows == LlamaConfig.from_dir(gguf_dirs[name]).layer_windows
-    got = prefill_logits(f32, seqs)
-    for i, s in enumerate(seqs):
-        assert (got[i] - hf_last(ref_model, s)).abs().max().item() <= 1e-3
-    for qtype in ("Q8_0", "Q4_1"):
-        path = hf_to_gguf(gguf_dirs[name], tmp_path / f"{qtype}.gguf", gguf_tokenizer_fields(), qtype)
-        auto, dense = load_gguf_model(path, "auto"), load_gguf_model(path, "dense")
-        assert auto.native_decoder is None        # Gemma's layers are not the C layer's
-        a, d = prefill_logits(auto, seqs), prefill_logits(dense, seqs)
-        assert (a - d).abs().max().item() <= 2e-3 * d.abs().max().item()
 
 
 def rewrite_config(src, dst, **changes):

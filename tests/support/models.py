@@ -48,3 +48,22 @@ def random_hf_model(family: str, tokenizer_dir: Path, out: Path, seed: int = 0, 
                                                          "chat_template.jinja"):
             shutil.copy(f, out / f.name)
     return out
+
+
+def family_dirs(tmp, families: dict, prefix: str = "", seed: int = 0, **extra) -> dict:
+    """``{name: (family, shapes)}`` → ``{name: HF dir}`` of random models (``extra`` overrides
+    every model's shapes; ``tmp``: pytest's ``tmp_path_factory``)."""
+    from agentlang.runtime.weights.model_loader import resolve_model
+
+    tok = resolve_model().path
+    return {name: random_hf_model(fam, tok, tmp.mktemp(prefix + name), seed=seed,
+                                  **{**shapes, **extra})
+            for name, (fam, shapes) in families.items()}
+
+
+def hf_models(dirs: dict, **kwargs) -> dict:
+    """HF transformers' float32 model of each directory (``kwargs``: ``from_pretrained``'s)."""
+    from transformers import AutoModelForCausalLM
+
+    return {n: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **kwargs).eval()
+            for n, d in dirs.items()}
