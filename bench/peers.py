@@ -118,11 +118,12 @@ def start_vllm(hf_dir: Path, args) -> Server:
     return launch("vLLM CPU", cmd, port, "default", env)
 
 
-def start_llama(gguf: Path, args) -> Server:
+def start_llama(gguf: Path, args, extra: tuple[str, ...] = ()) -> Server:
+    """llama-server on ``gguf`` (``extra``: more flags, e.g. its speculation)."""
     port = free_port()
     cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
            "-np", "1", "-t", "2", "-tb", "2", "-c", "4096", "-b", "2048", "-ub", "512",
-           "--alias", "default"]
+           "--alias", "default", *extra]
     return launch("llama-server", cmd, port, "default")
 
 

@@ -132,7 +132,7 @@ def agentlang_side(args, tok) -> dict:
         async def main():
             async with httpx.AsyncClient(base_url=server.url, timeout=3600) as c:
                 for name in args.workloads:
-                    for batch in BATCHES:
+                    for batch in args.batches:
                         prompts = prompts_of(tok, name, batch)
                         await run_batch(c, server.model, prompts, 2, {})    # cache the prompts
                         rounds = {"off": [], "on": []}
@@ -208,15 +208,21 @@ def shared_side(args, tok) -> dict:
     return out
 
 
-def llama_side(args, tok, gguf: Path) -> dict:
+# llama-server's own model-free speculation, where its build has it (--spec-type): its
+# defaults (12-token lookup, 48-token drafts) and a setting closer to agent turns' short copies
+LLAMA_SPEC = {"ngram-simple": ("--spec-type", "ngram-simple"),
+              "ngram-simple n3 m16": ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n",
+                                      "3", "--spec-ngram-simple-size-m", "16")}
+
+
+def llama_side(args, tok, gguf: Path, extra: tuple[str, ...] = ()) -> dict:
     """llama-server at batch 1 on each workload (its /completion with token ids)."""
     help_text = subprocess.run([str(LLAMA_SERVER), "--help"], capture_output=True,
                                text=True).stdout
     lookup = [f for f in ("--spec-type", "--lookup-ngram-min", "--draft-max") if f in help_text]
-    server = start_llama(gguf, args)
-    out: dict = {"lookup_flags_in_build": lookup,
-                 "note": "plain decoding: this build's speculation needs a draft model"
-                 if "--spec-type" not in help_text else "n-gram speculation available"}
+    server = start_llama(gguf, args, extra)
+    out: dict = {"lookup_flags_in_build": lookup, "flags": list(extra),
+                 "note": "plain decoding" if not extra else "its n-gram speculation on"}
     try:
         with httpx.Client(base_url=server.url, timeout=3600) as c:
             for name in args.workloads:
@@ -251,6 +257,8 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--no-llama", action="store_true", help="skip llama-server")
     ap.add_argument("--quick", action="store_true", help="2 rounds, 64 tokens (a smoke run)")
+    ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES), choices=BATCHES)
+    ap.add_argument("--no-shared", action="store_true", help="skip shared_side")
     ap.add_argument("--shared-only", action="store_true",
                     help="only the shared index of other requests' outputs (shared_side)")
     ap.add_argument("--out", default=None)
@@ -269,15 +277,16 @@ def main() -> None:
                             "model": "SmolLM2-135M-Instruct Q4_1 (weights auto, float32)"},
                "row_cost": row_costs()}
     print(results["row_cost"], flush=True)
-    print("the shared index: 8 variants of each copy-heavy workload in turn ...", flush=True)
-    results["shared_index"] = shared_side(args, tok)
+    if not args.no_shared:
+        print("the shared index: 8 variants of each copy-heavy workload in turn ...", flush=True)
+        results["shared_index"] = shared_side(args, tok)
     if args.shared_only:
         path = write_results("speculative_shared", results, args.out, args.quick)
         print(f"wrote {path}")
         return
     print("agentlang serve, speculation off / on ...", flush=True)
     results["agentlang"] = ag = agentlang_side(args, tok)
-    for batch in BATCHES:
+    for batch in args.batches:
         results[f"geomean_copy_heavy_batch{batch}"] = geomean(
             ag[f"{n}/batch{batch}"]["speedup"] for n in COPY_HEAVY if f"{n}/batch{batch}" in ag)
     if not args.no_llama and LLAMA_SERVER.exists():
@@ -286,6 +295,13 @@ def main() -> None:
         results["vs_llama_batch1"] = {n: round(ag[f"{n}/batch1"]["on_tok_s"] /
                                                ll[f"{n}/batch1"]["tok_s"], 3)
                                       for n in args.workloads if f"{n}/batch1" in ll}
+        if "--spec-type" in ll["lookup_flags_in_build"]:
+            for label, flags in LLAMA_SPEC.items():
+                print(f"llama-server with its speculation ({label}) ...", flush=True)
+                sp = results[f"llama_server {label}"] = llama_side(args, tok, Path(gguf), flags)
+                results[f"vs_llama {label} batch1"] = {
+                    n: round(ag[f"{n}/batch1"]["on_tok_s"] / sp[f"{n}/batch1"]["tok_s"], 3)
+                    for n in args.workloads if f"{n}/batch1" in sp}
     path = write_results("speculative", results, args.out, args.quick)
     print(f"wrote {path}")
 
