@@ -6,8 +6,13 @@ The server (``bench.peers.start_agentlang``: weights auto, the chosen dtype) and
 ``/v1/completions`` request of ``--new-tokens`` greedy ``ignore_eos`` tokens to the server, then
 runs the same prompt through ``Engine.generate``, each timed end to end by the caller (tokens /
 wall). Only one of them works at a time: the idle one sleeps. Medians over ``--rounds``.
+With ``--clients N`` (the issue's second point: "and at 64 streaming clients") each round is
+the independent workload of ``bench/workloads.py`` (N requests, 64–512-token prompts, 32–128
+new tokens, fresh prompts every round) streamed by N concurrent clients (``bench.peers``' load
+generator), against the same N prompts in one ``Engine.generate`` call; out tok/s.
 
     .venv/bin/python bench/http_overhead.py [--dtype float32] [--rounds 5] [--new-tokens 256]
+    .venv/bin/python bench/http_overhead.py --clients 64 --rounds 3
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.output import write_results  # noqa: E402
-from bench.peers import start_agentlang  # noqa: E402
+from bench.peers import start_agentlang, streamed  # noqa: E402
 from bench.serve import stop_server  # noqa: E402
 
 
@@ -36,9 +41,13 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--out", help="JSON output (default bench/results/http_overhead.json)")
+    ap.add_argument("--clients", type=int, default=1)
+    ap.add_argument("--out", help="JSON output (default bench/results/http_overhead.json; "
+                    "with --clients > 1: http_overhead_clients.json)")
     args = ap.parse_args()
     from agentlang.runtime import Engine, SamplingParams
+    if args.clients > 1:
+        return many_clients(args)
 
     server = start_agentlang(args.dtype, "auto", SimpleNamespace(kv_budget_mb=1024))
     eng = Engine("default", dtype=args.dtype, weights="auto", kv_budget_mb=1024,
@@ -74,6 +83,43 @@ def main() -> None:
               "median_tok_s": med, "http_over_in_process": med["http"] / med["in_process"]}
     out = write_results("http_overhead", result, args.out, False)
     print(f"  HTTP / in-process (caller thread): {result['http_over_in_process']:.2f}")
+    print(f"wrote {out}")
+
+
+def many_clients(args) -> None:
+    """``--clients N``: the independent workload over HTTP (N streams) vs in-process (the same
+    N prompts each round, new ones every round)."""
+    from agentlang.runtime import Engine, SamplingParams
+    from bench.workloads import independent
+
+    server = start_agentlang(args.dtype, "auto", SimpleNamespace(kv_budget_mb=1024))
+    eng = Engine("default", dtype=args.dtype, weights="auto", kv_budget_mb=1024,
+                 max_batch_tokens=2048, max_running=64)
+    res: dict[str, list[float]] = {"http": [], "in_process": []}
+    try:
+        for r in range(args.rounds):
+            items = independent(eng.tokenizer, args.clients, seed=1000 + r)
+            res["http"].append(streamed(server, items, args.clients)["tokens_per_s"])
+            eng.flush_cache()
+            params = [SamplingParams(max_tokens=it.max_new_tokens, temperature=0,
+                                     ignore_eos=True) for it in items]
+            t = time.perf_counter()
+            outs = eng.generate([it.prompt_ids for it in items], params)
+            res["in_process"].append(sum(len(o.token_ids) for o in outs)
+                                     / (time.perf_counter() - t))
+            print(f"  round {r + 1}: HTTP {res['http'][-1]:.1f} tok/s, in-process "
+                  f"{res['in_process'][-1]:.1f} tok/s", flush=True)
+    finally:
+        stop_server(server.proc)
+        eng.shutdown()
+    med = {k: statistics.median(v) for k, v in res.items()}
+    result = {"machine": f"{os.cpu_count()}-core {platform.machine()}",
+              "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, weights auto)",
+              "command": "python bench/http_overhead.py " + " ".join(sys.argv[1:]),
+              "dtype": args.dtype, "clients": args.clients, "rounds": res,
+              "median_tok_s": med, "http_over_in_process": med["http"] / med["in_process"]}
+    out = write_results("http_overhead_clients", result, args.out, False)
+    print(f"  HTTP / in-process at {args.clients} clients: {result['http_over_in_process']:.2f}")
     print(f"wrote {out}")
 
 
