@@ -6,7 +6,9 @@ Shapes (random F16 weights written here with the ``gguf`` package, the embedded 
 tokenizer in the metadata, then ``llama-quantize ... Q4_K_M``): ``smollm2`` (SmolLM2-135M's
 layout), ``llama1b`` (hidden 2048, 16 layers, 32/8 heads, ffn 8192: ~1.1B) and ``qwen3``
 (Qwen3-0.6B's layout: hidden 1024, 28 layers, 16/8 heads of 128, ffn 3072, q/k norms; the
-49152-token vocabulary instead of 151k). Reported: batch-1 decode tok/s (256 new tokens) and
+49152-token vocabulary instead of 151k), ``gemma3`` (Gemma 3 270M's layout: hidden 640, 18
+layers, 4/1 heads of 256, ffn 2048, sliding window 512 in 5 of 6 layers, RoPE 1M / 10k, q/k
+and sandwich norms, tied embeddings; 49152 tokens instead of 262k). Reported: batch-1 decode tok/s (256 new tokens) and
 prefill-512 tok/s (a 512-token prompt, one new token), medians over rounds, and agentlang /
 llama-server. Requires ``bench/install_peers.sh llama`` (llama-server and llama-quantize).
 
@@ -39,7 +41,9 @@ SHAPES = {   # arch, hidden, layers, heads, kv heads, head dim, ffn
     "smollm2": ("llama", 576, 30, 9, 3, 64, 1536),
     "llama1b": ("llama", 2048, 16, 32, 8, 64, 8192),
     "qwen3": ("qwen3", 1024, 28, 16, 8, 128, 3072),
+    "gemma3": ("gemma3", 640, 18, 4, 1, 256, 2048),
 }
+GEMMA3_WINDOW = 512   # Gemma 3 270M's: 5 of every 6 layers see their last 512 keys
 
 
 def write_f16(path: Path, shape: str) -> None:
@@ -65,7 +69,10 @@ def write_f16(path: Path, shape: str) -> None:
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(1_000_000.0 if arch == "gemma3" else 10000.0)
+    if arch == "gemma3":
+        w.add_sliding_window(GEMMA3_WINDOW)
+        w.add_float32("gemma3.rope.freq_base_swa", 10000.0)
 
     def mat(name, rows, cols):
         w.add_tensor(name, (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16))
@@ -75,7 +82,8 @@ def write_f16(path: Path, shape: str) -> None:
 
     mat("token_embd.weight", vocab, H)
     vec("output_norm.weight", H)
-    mat("output.weight", vocab, H)
+    if arch != "gemma3":                      # Gemma ties its embeddings
+        mat("output.weight", vocab, H)
     for i in range(L):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", H)
@@ -87,9 +95,12 @@ def write_f16(path: Path, shape: str) -> None:
         mat(p + "ffn_gate.weight", I, H)
         mat(p + "ffn_up.weight", I, H)
         mat(p + "ffn_down.weight", H, I)
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             vec(p + "attn_q_norm.weight", hd)
             vec(p + "attn_k_norm.weight", hd)
+        if arch == "gemma3":
+            vec(p + "post_attention_norm.weight", H)
+            vec(p + "post_ffw_norm.weight", H)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
