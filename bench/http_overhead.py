@@ -75,14 +75,19 @@ def main() -> None:
     finally:
         stop_server(server.proc)
         eng.shutdown()
+    report(args, res, "http_overhead", "(caller thread)", new_tokens=args.new_tokens)
+
+
+def report(args, res: dict[str, list[float]], name: str, what: str, **fields) -> None:
+    """Medians of both sides' rounds, their ratio, written as ``name``'s JSON and printed."""
     med = {k: statistics.median(v) for k, v in res.items()}
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()}",
               "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, weights auto)",
               "command": "python bench/http_overhead.py " + " ".join(sys.argv[1:]),
-              "dtype": args.dtype, "new_tokens": args.new_tokens, "rounds": res,
+              "dtype": args.dtype, **fields, "rounds": res,
               "median_tok_s": med, "http_over_in_process": med["http"] / med["in_process"]}
-    out = write_results("http_overhead", result, args.out, False)
-    print(f"  HTTP / in-process (caller thread): {result['http_over_in_process']:.2f}")
+    out = write_results(name, result, args.out, False)
+    print(f"  HTTP / in-process {what}: {result['http_over_in_process']:.2f}")
     print(f"wrote {out}")
 
 
@@ -112,15 +117,8 @@ def many_clients(args) -> None:
     finally:
         stop_server(server.proc)
         eng.shutdown()
-    med = {k: statistics.median(v) for k, v in res.items()}
-    result = {"machine": f"{os.cpu_count()}-core {platform.machine()}",
-              "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, weights auto)",
-              "command": "python bench/http_overhead.py " + " ".join(sys.argv[1:]),
-              "dtype": args.dtype, "clients": args.clients, "rounds": res,
-              "median_tok_s": med, "http_over_in_process": med["http"] / med["in_process"]}
-    out = write_results("http_overhead_clients", result, args.out, False)
-    print(f"  HTTP / in-process at {args.clients} clients: {result['http_over_in_process']:.2f}")
-    print(f"wrote {out}")
+    report(args, res, "http_overhead_clients", f"at {args.clients} clients",
+           clients=args.clients)
 
 
 if __name__ == "__main__":
