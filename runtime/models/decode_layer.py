@@ -14,7 +14,9 @@ model's layers run as usual. A sequence appending ``n`` tokens runs as ``n`` row
 attending to its first ``prefix + j + 1`` positions through the sequence's page table (every
 row's K/V is stored before any row attends): each row gets exactly the arithmetic of a decode
 step at its position, so verifying a draft gives the logits one-token steps would give,
-bitwise. It is built by the GGUF loader when every layer's linears are
+bitwise. Gemma 2 / 3 layers run here too (sandwich norms, GeGLU, sliding windows, score caps,
+their attention scale and the sliding layers' RoPE table; see the C file). It is built by the
+GGUF loader when every layer's linears are
 :class:`~agentlang.runtime.quant.block_linear.BlockLinear` and the activations are float32.
 """
 
@@ -37,21 +39,25 @@ MAX_ROWS = 33    # tokens a sequence may append in a natively run step (1 + the 
 class Dims(ctypes.Structure):
     _fields_ = [("hidden", ctypes.c_int64), ("nh", ctypes.c_int64), ("nkv", ctypes.c_int64),
                 ("hd", ctypes.c_int64), ("inter", ctypes.c_int64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("rd", ctypes.c_int64)]
+                ("scale", ctypes.c_float), ("rd", ctypes.c_int64), ("softcap", ctypes.c_float),
+                ("gelu", ctypes.c_int64)]
 
 
 class Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
                 ("qkv", QWeight), ("o", QWeight), ("gate_up", QWeight), ("down", QWeight),
                 ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
-                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p)]
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("post_attn_norm", ctypes.c_void_p), ("post_ffn_norm", ctypes.c_void_p),
+                ("window", ctypes.c_int64), ("local_rope", ctypes.c_int64)]
 
 
 class Batch(ctypes.Structure):
     _fields_ = [("B", ctypes.c_int64), ("cos", ctypes.c_void_p), ("ssin", ctypes.c_void_p),
                 ("slots", ctypes.c_void_p), ("page_table", ctypes.c_void_p),
                 ("max_pages", ctypes.c_int64), ("page_size", ctypes.c_int64),
-                ("seq_lens", ctypes.c_void_p)]
+                ("seq_lens", ctypes.c_void_p), ("lcos", ctypes.c_void_p),
+                ("lssin", ctypes.c_void_p)]
 
 
 class NativeDecoder:
@@ -60,21 +66,30 @@ class NativeDecoder:
     def __init__(self, lib: QMatmulLibrary, model: torch.nn.Module):
         cfg = model.config
         self.dims = Dims(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5,
-                         cfg.rope_dim)
+                         cfg.intermediate_size, cfg.rms_norm_eps,
+                         cfg.attn_scale or cfg.head_dim ** -0.5, cfg.rope_dim,
+                         cfg.attn_softcap, int(cfg.hidden_act == "gelu_tanh"))
         self.layers = []
         self.keep = []                     # the tensors the structs point into
+        local = int(model.local_rope is not None)
         for layer in model.layers:
             lins = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                     layer.mlp.down_proj)
             attn = layer.self_attn
             qk = (attn.q_norm, attn.k_norm) if cfg.qk_norm else ()
+            # Gemma: the norm before the MLP is pre_feedforward_layernorm; two norms after
+            pre, post = ((layer.pre_feedforward_layernorm, (layer.post_attention_layernorm,
+                                                            layer.post_feedforward_layernorm))
+                         if layer.sandwich else (layer.post_attention_layernorm, ()))
             norms = [n.weight.detach().float().contiguous()
-                     for n in (layer.input_layernorm, layer.post_attention_layernorm, *qk)]
+                     for n in (layer.input_layernorm, pre, *qk, *post)]
             self.keep += [*norms, *lins]
-            qk_ptrs = [t.data_ptr() for t in norms[2:]] or [None, None]
-            self.layers.append(Layer(norms[0].data_ptr(), norms[1].data_ptr(),
-                                     *(lin.qweight for lin in lins), None, None, *qk_ptrs))
+            ptrs = [t.data_ptr() for t in norms]
+            qk_ptrs = ptrs[2:2 + len(qk)] or [None, None]
+            post_ptrs = ptrs[2 + len(qk):] or [None, None]
+            self.layers.append(Layer(ptrs[0], ptrs[1], *(lin.qweight for lin in lins), None,
+                                     None, *qk_ptrs, *post_ptrs, attn.window,
+                                     local if attn.window else 0))
         self._fn = lib.lib.agl_decode_layer
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.POINTER(Dims), ctypes.POINTER(Layer), ctypes.POINTER(Batch),
@@ -84,12 +99,10 @@ class NativeDecoder:
     def eligible(model: torch.nn.Module, dtype: torch.dtype) -> bool:
         """Every layer's linears are :class:`BlockLinear`, activations are float32 and heads
         have at most 512 dimensions (the C layer's RoPE buffer). Qwen3's q/k norms and
-        partial rotary are the C layer's too; Gemma's layers (sandwich norms, GeGLU, windows,
-        soft-capping, their scale) are not."""
+        partial rotary are the C layer's too, and Gemma's sandwich norms, GeGLU, windows,
+        score caps, attention scale and the sliding layers' RoPE table."""
         cfg = model.config
-        llama_layers = not (cfg.sandwich_norms or cfg.layer_windows or cfg.attn_softcap
-                            or cfg.attn_scale or cfg.hidden_act != "silu")   # Gemma: not in C
-        return dtype == torch.float32 and cfg.head_dim <= 512 and llama_layers and all(
+        return dtype == torch.float32 and cfg.head_dim <= 512 and all(
             isinstance(m, BlockLinear)
             for layer in model.layers
             for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
@@ -110,9 +123,11 @@ class NativeDecoder:
         return not shared_prefix_groups(batch.page_table, batch.seq_lens_list,
                                         pool.page_size)[1]
 
-    def step(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor]) -> "NativeStep":
-        """The per-step arguments (built once, shared by every layer)."""
-        return batch.cached("native.decode", lambda: NativeStep(batch, rope))
+    def step(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
+             local: tuple[torch.Tensor, torch.Tensor] | None = None) -> "NativeStep":
+        """The per-step arguments (built once, shared by every layer); ``local``: the sliding
+        layers' RoPE rotation when it differs (Gemma 3)."""
+        return batch.cached("native.decode", lambda: NativeStep(batch, rope, local))
 
     def layer(self, i: int, x: torch.Tensor, step: "NativeStep", pool: KVPool) -> torch.Tensor:
         """Layer ``i`` on x: float32 ``[B, hidden]`` (updated in place and returned)."""
@@ -130,8 +145,11 @@ class NativeStep:
     """A step's batch as ``agl_batch``, one C row a new token (the tensors are kept alive
     here): row ``t`` reads its sequence's page table up to its own position."""
 
-    def __init__(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor]):
+    def __init__(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
+                 local: tuple[torch.Tensor, torch.Tensor] | None = None):
         cos, ssin = (t.reshape(t.shape[0], -1).float().contiguous() for t in rope)   # [T, hd]
+        lcos, lssin = (None, None) if local is None else \
+            (t.reshape(t.shape[0], -1).float().contiguous() for t in local)
         table, lens = batch.page_table, batch.seq_lens
         if not batch.is_decode:
             seq = torch.repeat_interleave(torch.arange(batch.batch_size),
@@ -140,5 +158,8 @@ class NativeStep:
         self.tensors = (cos, ssin, batch.slot_mapping.long().contiguous(),
                         table.int().contiguous(), lens.int().contiguous())
         c, s, slots, table, lens = self.tensors
+        self.local = (lcos, lssin)                        # kept alive with the rest
         self.args = Batch(table.shape[0], c.data_ptr(), s.data_ptr(), slots.data_ptr(),
-                          table.data_ptr(), table.shape[1], batch.page_size, lens.data_ptr())
+                          table.data_ptr(), table.shape[1], batch.page_size, lens.data_ptr(),
+                          None if lcos is None else lcos.data_ptr(),
+                          None if lssin is None else lssin.data_ptr())

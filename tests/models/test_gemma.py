@@ -137,8 +137,8 @@ def gguf_dirs(tmp_path_factory):
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_gguf_matches_hf_and_quantized_matches_decoded(gguf_dirs, tmp_path, name):
     seqs = [[(7 * i + j) % 250 + 3 for j in range(3 * WINDOW + i)] for i in range(2)]
-    # Gemma's layers are not the C decode layer's
-    f32 = check_gguf(gguf_dirs[name], tmp_path, seqs, native=False, attn_implementation="eager")
+    # Gemma's layers run in the C decode layer too (sandwich norms, GeGLU, windows, caps)
+    f32 = check_gguf(gguf_dirs[name], tmp_path, seqs, native=True, attn_implementation="eager")
     assert f32.config.layer_windows == LlamaConfig.from_dir(gguf_dirs[name]).layer_windows
 
 
@@ -189,3 +189,24 @@ def test_bad_gguf_pattern_is_named(gguf_dirs, tmp_path):
     w.close()
     with pytest.raises(ModelLoadError, match="layer_types has 4 entries but num_hidden_layers is 3"):
         load_gguf_model(tmp_path / "bad.gguf")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_native_decode_layer_matches_the_torch_layers(gguf_dirs, tmp_path, name):
+    """Decode steps past the window in one C call a layer vs the torch layers (Q8_0 file):
+    logits to float32 rounding, the same argmax."""
+    from agentlang.runtime.quant.native import qmatmul_library
+    from tests.models.test_native_decode import decode, setup
+
+    if qmatmul_library() is None:
+        pytest.skip("no native library on this machine")
+    path = hf_to_gguf(gguf_dirs[name], tmp_path / "q8.gguf", gguf_tokenizer_fields(), "Q8_0")
+    model = load_gguf_model(path, "auto", torch.float32)
+    assert model.native_decoder is not None
+    prompts = [[(5 * i + j) % 200 + 3 for j in range(3 * WINDOW + 2 * i)] for i in range(3)]
+    pool, tables = setup(model, prompts)
+    fast = decode(model, pool, tables, prompts, [11, 12, 13], native=True)
+    pool2, tables2 = setup(model, prompts)
+    slow = decode(model, pool2, tables2, prompts, [11, 12, 13], native=False)
+    assert ((fast - slow).norm() / slow.norm()).item() < 1e-4
+    assert torch.equal(fast.argmax(-1), slow.argmax(-1))

@@ -12,6 +12,13 @@
  * query head over its sequence's K/V read through the page table (GQA: G query heads a KV
  * head; the softmax is the build's agl_softmax_lse). Sums run in a fixed order: a sequence's
  * result does not depend on the others in the step or on the thread count.
+ *
+ * Gemma 2 / 3 (runtime/models/gemma_config.py), when the layer and dims say so: a norm of the
+ * attention's output and of the MLP's before each residual add (post_attn_norm, post_ffn_norm;
+ * ffn_norm is then the norm before the MLP), GeGLU (gelu with the tanh approximation, as
+ * torch's approximate="tanh"), each query seeing only its last `window` keys, scores capped
+ * as softcap * tanh(score * scale / softcap) before the softmax, and the sliding layers' own
+ * RoPE table (the batch's lcos / lssin).
  */
 #include <math.h>
 #include <stdint.h>
@@ -24,6 +31,8 @@ typedef struct {
     int64_t hidden, nh, nkv, hd, inter;
     float eps, scale;
     int64_t rd;                             /* rotated dims of a head (<= hd, even) */
+    float softcap;                          /* > 0: scores capped (Gemma 2); 0: not */
+    int64_t gelu;                           /* 1: GeGLU (Gemma), 0: SwiGLU */
 } agl_dims;
 
 typedef struct {
@@ -31,6 +40,9 @@ typedef struct {
     agl_qweight qkv, o, gate_up, down;
     float *k_cache, *v_cache;               /* this layer's pool: [pages * page_size, nkv, hd] */
     const float *q_norm, *k_norm;           /* [hd] each, or NULL: no q/k norms */
+    const float *post_attn_norm, *post_ffn_norm;   /* [hidden] each (Gemma), or NULL */
+    int64_t window;                         /* keys a query sees, its last ones; 0: all */
+    int64_t local_rope;                     /* 1: the batch's lcos / lssin (a sliding layer) */
 } agl_layer;
 
 typedef struct {
@@ -40,6 +52,7 @@ typedef struct {
     const int32_t *page_table;              /* [B, max_pages] */
     int64_t max_pages, page_size;
     const int32_t *seq_lens;                /* [B] tokens after this step */
+    const float *lcos, *lssin;              /* [B, rd]: the sliding layers' table, or NULL */
 } agl_batch;
 
 static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float eps, float *out)
@@ -133,13 +146,15 @@ static void weighted_values(const float *vc, const int64_t *at, int64_t n, int64
 }
 
 /* out [hd] = softmax(q k^T * scale) v for query head h (q [hd]) of sequence b, over its KV head
- * h / G (GQA: G query heads a KV head) */
+ * h / G (GQA: G query heads a KV head); the last `window` positions only, scores capped when
+ * dm->softcap > 0 */
 static int attend(const agl_dims *dm, const agl_layer *L, const agl_batch *bt, int64_t b,
                   int64_t h, const float *q, float *out)
 {
     const int64_t hd = dm->hd, kvh = h / (dm->nh / dm->nkv), n = bt->seq_lens[b],
-                  row = dm->nkv * hd;
-    float *s = malloc(sizeof(float) * (size_t)(n + 1));          /* scores, then the lse */
+                  row = dm->nkv * hd, lo = L->window && n > L->window ? n - L->window : 0,
+                  m = n - lo;
+    float *s = malloc(sizeof(float) * (size_t)(m + 1));          /* scores, then the lse */
     int64_t *at = malloc(sizeof(int64_t) * (size_t)n);
     if (!s || !at) {
         free(s);
@@ -147,12 +162,35 @@ static int attend(const agl_dims *dm, const agl_layer *L, const agl_batch *bt, i
         return -1;
     }
     row_offsets(bt, bt->page_table + b * bt->max_pages, n, row, at);
-    scores(L->k_cache + kvh * hd, at, n, hd, q, s);
-    agl_softmax_lse(s, 0, 1, n, dm->scale, s + n, 1);      /* p = softmax(scale * s), in place */
-    weighted_values(L->v_cache + kvh * hd, at, n, hd, s, out);
+    scores(L->k_cache + kvh * hd, at + lo, m, hd, q, s);
+    if (dm->softcap > 0.0f) {                              /* cap * tanh(s * scale / cap) */
+        for (int64_t t = 0; t < m; t++)
+            s[t] = dm->softcap * tanhf(s[t] * dm->scale / dm->softcap);
+        agl_softmax_lse(s, 0, 1, m, 1.0f, s + m, 1);
+    } else {
+        agl_softmax_lse(s, 0, 1, m, dm->scale, s + m, 1);  /* p = softmax(scale * s), in place */
+    }
+    weighted_values(L->v_cache + kvh * hd, at + lo, m, hd, s, out);
     free(s);
     free(at);
     return 0;
+}
+
+/* gate [n] = gelu_tanh(gate) * up (torch's gelu, approximate="tanh") */
+static void gelu_mul(float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        gate[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+/* x += norm(y) (Gemma's post norms; y [B, hidden] normalized in place) */
+static void add_normed(float *x, float *y, const float *w, int64_t B, int64_t H, float eps)
+{
+    rmsnorm(y, w, B, H, eps, y);
+    for (int64_t i = 0; i < B * H; i++)
+        x[i] += y[i];
 }
 
 /* x: float32 [B, hidden], updated in place. 0, or -1 without memory (x is then unchanged
@@ -176,7 +214,9 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
             for (int64_t j = 0; j < dm->nh + dm->nkv; j++)
                 rmsnorm(r + j * hd, j < dm->nh ? L->q_norm : L->k_norm, 1, hd, dm->eps, r + j * hd);
         }
-        rope(r, dm->nh + dm->nkv, hd, dm->rd, bt->cos + b * dm->rd, bt->ssin + b * dm->rd);
+        const int local = L->local_rope && bt->lcos;
+        rope(r, dm->nh + dm->nkv, hd, dm->rd, (local ? bt->lcos : bt->cos) + b * dm->rd,
+             (local ? bt->lssin : bt->ssin) + b * dm->rd);
         float *kd = L->k_cache + bt->slots[b] * nk, *vd = L->v_cache + bt->slots[b] * nk;
         for (int64_t i = 0; i < nk; i++) {
             kd[i] = r[nq + i];
@@ -188,14 +228,30 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
         const int64_t b = j / dm->nh, h = j % dm->nh;
         fail |= attend(dm, L, bt, b, h, qkv + b * wq + h * hd, att + b * nq + h * hd);
     }
-    if (fail || agl_qmm(&L->o, att, B, x, 1, nthreads))
+    if (fail || agl_qmm(&L->o, att, B, L->post_attn_norm ? h : x, !L->post_attn_norm, nthreads))
         goto done;
+    if (L->post_attn_norm)                                /* Gemma: x += norm(o) */
+        add_normed(x, h, L->post_attn_norm, B, H, dm->eps);
     rmsnorm(x, L->ffn_norm, B, H, dm->eps, h);
     if (agl_qmm(&L->gate_up, h, B, gu, 0, nthreads))
         goto done;
-    for (int64_t b = 0; b < B; b++)                       /* silu(gate) * up, into gate */
-        silu_mul(gu + b * 2 * I, gu + b * 2 * I + I, I, gu + b * I);
-    rc = agl_qmm(&L->down, gu, B, x, 1, nthreads);
+    for (int64_t b = 0; b < B; b++) {                     /* act(gate) * up, into gate */
+        float *g = gu + b * 2 * I, *dst = gu + b * I;
+        if (dm->gelu) {
+            gelu_mul(g, g + I, I);
+            for (int64_t i = 0; i < I; i++)   /* row b's result moves to its packed place */
+                dst[i] = g[i];
+        } else {
+            silu_mul(g, g + I, I, dst);
+        }
+    }
+    if (L->post_ffn_norm) {                               /* Gemma: x += norm(down) */
+        rc = agl_qmm(&L->down, gu, B, h, 0, nthreads);
+        if (rc == 0)
+            add_normed(x, h, L->post_ffn_norm, B, H, dm->eps);
+    } else {
+        rc = agl_qmm(&L->down, gu, B, x, 1, nthreads);
+    }
 done:
     free(h); free(qkv); free(att); free(gu);
     return rc;
