@@ -211,7 +211,7 @@ class ConstrainedStep:
         req.lookup.extend(out)
         k = self.policy.length(req.spec.acceptance, batch, cap=left - 1)
         draft, matched = req.lookup.draft(max(k, 1))
-        if self.shared is not None:      # another output's longer match predicts better
+        if self.shared is not None and matched < self.shared.max_n:   # a longer match there wins
             other, longer = self.shared.draft(req.group.namespace, req.lookup.tokens, max(k, 1))
             if longer > matched:
                 draft = other

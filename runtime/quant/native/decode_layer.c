@@ -78,14 +78,15 @@ static void rope(float *h, int64_t heads, int64_t hd, int64_t rd, const float *c
     }
 }
 
-/* at[t] = where position t's row starts in this layer's cache (K or V), in floats, for the n
- * positions of a sequence's pages (walked page by page: no division a position) */
-static void row_offsets(const agl_batch *bt, const int32_t *pages, int64_t n, int64_t row,
-                        int64_t *at)
+/* at[t - lo] = where position t's row starts in this layer's cache (K or V), in floats, for
+ * positions lo..n-1 of a sequence's pages (walked page by page: no division a position; a
+ * sliding layer's window starts at lo, the positions before it are not walked) */
+static void row_offsets(const agl_batch *bt, const int32_t *pages, int64_t lo, int64_t n,
+                        int64_t row, int64_t *at)
 {
-    for (int64_t t = 0, pg = 0; t < n; pg++)
-        for (int64_t o = 0; o < bt->page_size && t < n; o++, t++)
-            at[t] = ((int64_t)pages[pg] * bt->page_size + o) * row;
+    for (int64_t t = lo, pg = lo / bt->page_size, o = lo % bt->page_size; t < n; pg++, o = 0)
+        for (; o < bt->page_size && t < n; o++, t++)
+            at[t - lo] = ((int64_t)pages[pg] * bt->page_size + o) * row;
 }
 
 /* s[t] = q . k_t for the n cached positions: 4 positions at a time (independent sums; each
@@ -155,14 +156,14 @@ static int attend(const agl_dims *dm, const agl_layer *L, const agl_batch *bt, i
                   row = dm->nkv * hd, lo = L->window && n > L->window ? n - L->window : 0,
                   m = n - lo;
     float *s = malloc(sizeof(float) * (size_t)(m + 1));          /* scores, then the lse */
-    int64_t *at = malloc(sizeof(int64_t) * (size_t)n);
+    int64_t *at = malloc(sizeof(int64_t) * (size_t)m);
     if (!s || !at) {
         free(s);
         free(at);
         return -1;
     }
-    row_offsets(bt, bt->page_table + b * bt->max_pages, n, row, at);
-    scores(L->k_cache + kvh * hd, at + lo, m, hd, q, s);
+    row_offsets(bt, bt->page_table + b * bt->max_pages, lo, n, row, at);
+    scores(L->k_cache + kvh * hd, at, m, hd, q, s);
     if (dm->softcap > 0.0f) {                              /* cap * tanh(s * scale / cap) */
         for (int64_t t = 0; t < m; t++)
             s[t] = dm->softcap * tanhf(s[t] * dm->scale / dm->softcap);
@@ -170,7 +171,7 @@ static int attend(const agl_dims *dm, const agl_layer *L, const agl_batch *bt, i
     } else {
         agl_softmax_lse(s, 0, 1, m, dm->scale, s + m, 1);  /* p = softmax(scale * s), in place */
     }
-    weighted_values(L->v_cache + kvh * hd, at + lo, m, hd, s, out);
+    weighted_values(L->v_cache + kvh * hd, at, m, hd, s, out);
     free(s);
     free(at);
     return 0;
