@@ -70,7 +70,8 @@ class TritonAttentionBackend:
     ) -> None:
         # k, v: [T, Hkv, D]
         self._check_batch(pool, batch)
-        store_kv(k, v, pool.k_cache(layer), pool.v_cache(layer), batch.slot_mapping,
+        slots = pool.window_slots(batch.slot_mapping) if pool.windowed(layer) else batch.slot_mapping
+        store_kv(k, v, pool.k_cache(layer), pool.v_cache(layer), slots,
                  k_scale=pool.k_scale(layer), v_scale=pool.v_scale(layer), check_indices=False)
 
     def attend(
@@ -103,6 +104,9 @@ class TritonAttentionBackend:
         if len(src) != len(dst):
             raise ValueError("copy_pages: src and dst differ in length")
         if not src:
+            return
+        if pool.windows is not None:    # two page groups: the pool's own copy
+            pool.copy_pages(src, dst)
             return
         s = torch.tensor(src, dtype=torch.int64, device=pool.device)
         d = torch.tensor(dst, dtype=torch.int64, device=pool.device)

@@ -18,13 +18,9 @@ from __future__ import annotations
 import torch
 
 from agentlang.runtime.attention.forward_batch import ForwardBatch
+from agentlang.runtime.cache.window_pages import first_visible
 
 BLOCK = 128   # query tokens a block (bounds the score matrix at BLOCK x (window + BLOCK))
-
-
-def first_visible(position: int, window: int) -> int:
-    """The first key position a query at ``position`` sees (0 without a window)."""
-    return max(0, position - window + 1) if window else 0
 
 
 def windowed_attend(q: torch.Tensor, pool, layer: int, batch: ForwardBatch, scale: float,

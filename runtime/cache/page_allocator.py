@@ -10,20 +10,26 @@ Contract
   free list. Dropping a reference of a free page raises :class:`PageRefError` and changes nothing.
 Owners of references are the requests (sequences) and the radix cache, plus the CUDA-graph
 decode's one padding page (:mod:`agentlang.runtime.execution.cuda_graph`, held while graphs are on); the allocator
-does not know who holds what, it only counts.
+does not know who holds what, it only counts. A windowed model's allocator carries its
+:class:`~agentlang.runtime.cache.window_pages.WindowPages`: a freed page's window page goes with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence, Set
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    from agentlang.runtime.cache.window_pages import WindowPages
+
 
 class OutOfPagesError(RuntimeError):
     """Raised when an allocation asks for more pages than are free."""
+
+    evicting_helps = True    # evicting the radix cache (or releasing its holds) frees some
 
 
 class PageRefError(ValueError):
@@ -33,10 +39,11 @@ class PageRefError(ValueError):
 class PageAllocator:
     """Free list + reference counts over ``num_pages`` pages (ids ``0 .. num_pages-1``)."""
 
-    def __init__(self, num_pages: int):
+    def __init__(self, num_pages: int, windows: "WindowPages | None" = None):
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
         self.num_pages = num_pages
+        self.windows = windows     # a windowed model's sliding-layer pages: freed with theirs
         self._refcount = [0] * num_pages
         # Pop from the end: low page ids are handed out first (nicer to debug).
         self._free = list(range(num_pages - 1, -1, -1))
@@ -85,6 +92,8 @@ class PageAllocator:
             if self._refcount[p] == 0:
                 self._free.append(p)
                 freed.append(p)
+        if freed and self.windows is not None:
+            self.windows.release(freed)
         return freed
 
     def _check_in_use(self, pages: list[int], op: str) -> None:

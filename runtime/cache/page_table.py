@@ -10,6 +10,14 @@ included. The first ``reserve`` that would write into a shared partial page firs
 to a fresh page (``copy_fn``, i.e. the attention backend's ``copy_pages`` over every layer)
 and drops one reference to the shared one. Full pages are never written again, so they stay
 shared for good.
+
+Sliding windows: when the allocator carries
+:class:`~agentlang.runtime.cache.window_pages.WindowPages` (a model with sliding layers), a table
+pins the window pages of ``pages[pin_lo:]`` — the blocks some query of its next tokens may
+read: new pages are attached pinned, an adopted prefix pins its last window, and each
+``reserve`` first unpins the blocks that fell out of the window of position ``num_tokens``
+(after the last step's rollbacks, so ``truncate`` never needs an unpinned block back).
+``free`` and ``detach`` drop every pin; the window pages stay resident, idle, until evicted.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import NamedTuple
 
 from agentlang.runtime.cache.page_allocator import PageAllocator, page_states
 from agentlang.runtime.cache.radix_cache import RadixCache
+from agentlang.runtime.cache.window_pages import first_visible
 
 CopyFn = Callable[[list[int], list[int]], None]  # copy_fn(src_pages, dst_pages)
 
@@ -39,8 +48,10 @@ class PageTable:
         self.allocator = allocator
         self.page_size = page_size
         self.stats = stats if stats is not None else PageTableStats()
+        self.windows = allocator.windows
         self.pages: list[int] = []
         self.num_tokens = 0
+        self.pin_lo = 0            # windows: pages[pin_lo:] are pinned by this table
         self._released = False
 
     @property
@@ -54,6 +65,14 @@ class PageTable:
     def _check_live(self, op: str) -> None:
         if self._released:
             raise ValueError(f"PageTable.{op}: the table was already freed or detached")
+
+    @staticmethod
+    def usable_prefix(allocator: PageAllocator, pages: Sequence[int], length: int) -> int:
+        """How much of a cached prefix (``length`` tokens in ``pages``) a table can adopt:
+        all of it, or with sliding windows the longest part whose last window is resident
+        (``WindowPages.usable``)."""
+        w = allocator.windows
+        return length if w is None else w.usable(pages, length)
 
     def adopt_prefix(self, pages: Sequence[int], length: int) -> None:
         """Start an empty table with a cached prefix: ``length`` tokens in ``pages``
@@ -69,8 +88,11 @@ class PageTable:
             )
         if len(set(pages)) != len(pages):
             raise ValueError(f"PageTable.adopt_prefix: pages contain duplicates: {pages}")
+        lo = self._window_start(length)
+        if self.windows is not None:
+            self.windows.pin(pages[lo:])      # WindowPageError (nothing taken) if evicted
         self.allocator.incref(pages)
-        self.pages, self.num_tokens = pages, length
+        self.pages, self.num_tokens, self.pin_lo = pages, length, lo
 
     def reserve(self, n_new: int, copy_fn: CopyFn) -> list[int]:
         """Make room for ``n_new`` more tokens after ``num_tokens``; returns the pages newly
@@ -86,17 +108,24 @@ class PageTable:
         cow_idx = self.num_tokens // ps if self.num_tokens % ps and n_new else None
         if cow_idx is not None and not self.allocator.is_shared(self.pages[cow_idx]):
             cow_idx = None
+        self._slide()
         extra = max(0, self._pages_for(self.num_tokens + n_new) - len(self.pages))
         new = self.allocator.allocate(extra + (cow_idx is not None))
+        if self.windows is not None:
+            try:
+                self.windows.attach(new)
+            except BaseException:
+                self.allocator.decref(new)
+                raise
         if cow_idx is not None:
             old = self.pages[cow_idx]
             try:
                 copy_fn([old], [new[0]])
             except BaseException:
-                self.allocator.decref(new)
+                self._drop(new)
                 raise
             self.pages[cow_idx] = new[0]
-            self.allocator.decref([old])
+            self._drop([old])
             self.stats.cow_copies += 1
             self.pages.extend(new[1:])
         else:
@@ -113,10 +142,7 @@ class PageTable:
                 "reserved"
             )
         self.num_tokens += n
-        keep = self._pages_for(self.num_tokens)
-        if len(self.pages) > keep:
-            self.allocator.decref(self.pages[keep:])
-            del self.pages[keep:]
+        self._drop_after(self._pages_for(self.num_tokens))
 
     def truncate(self, num_tokens: int) -> None:
         """Forget the tokens after ``num_tokens`` (their K/V become garbage) and drop the
@@ -125,10 +151,11 @@ class PageTable:
         if not 0 <= num_tokens <= self.num_tokens:
             raise ValueError(f"PageTable.truncate: {num_tokens} not in [0, {self.num_tokens}]")
         self.num_tokens = num_tokens
-        keep = self._pages_for(num_tokens)
-        if len(self.pages) > keep:
-            self.allocator.decref(self.pages[keep:])
-            del self.pages[keep:]
+        self._drop_after(self._pages_for(num_tokens))
+        lo = self._window_start(num_tokens)
+        if self.windows is not None and lo < self.pin_lo:
+            self.windows.pin(self.pages[lo:self.pin_lo])   # WindowPageError if evicted
+            self.pin_lo = lo
 
     def fork(self, n: int) -> list[PageTable]:
         """``n`` children sharing every committed page (the partial last page included)."""
@@ -139,14 +166,17 @@ class PageTable:
         children = []
         for _ in range(n):
             self.allocator.incref(shared)
+            if self.windows is not None:
+                self.windows.pin(shared[self.pin_lo:])
             child = PageTable(self.allocator, self.page_size, self.stats)
-            child.pages, child.num_tokens = list(shared), self.num_tokens
+            child.pages, child.num_tokens, child.pin_lo = list(shared), self.num_tokens, self.pin_lo
             children.append(child)
         return children
 
     def free(self) -> None:
         """Drop every reference; the table cannot be used afterwards."""
         self._check_live("free")
+        self._unpin(self.pages[self.pin_lo:])
         self.allocator.decref(self.pages)
         self.pages, self.num_tokens, self._released = [], 0, True
 
@@ -154,9 +184,40 @@ class PageTable:
         """Hand the references over to the caller (e.g. to ``RadixCache.release_into_cache``)
         without dropping them; the table cannot be used afterwards."""
         self._check_live("detach")
+        self._unpin(self.pages[self.pin_lo:])
         pages = self.pages
         self.pages, self.num_tokens, self._released = [], 0, True
         return pages
+
+    # ---- sliding windows (no-ops without) -----------------------------------------------
+    def _window_start(self, position: int) -> int:
+        """Index of the first page a query at ``position`` reads in a sliding layer."""
+        w = self.windows
+        return 0 if w is None else first_visible(position, w.window) // self.page_size
+
+    def _slide(self) -> None:
+        """Unpin the pages before the window of the next token (position ``num_tokens``)."""
+        lo = min(self._window_start(self.num_tokens), len(self.pages))
+        if lo > self.pin_lo:
+            self._unpin(self.pages[self.pin_lo:lo])
+            self.pin_lo = lo
+
+    def _unpin(self, pages: list[int]) -> None:
+        if self.windows is not None:
+            self.windows.unpin(pages)
+
+    def _drop(self, pages: list[int]) -> None:
+        """Drop this table's pin and reference of ``pages`` (at or after ``pin_lo``)."""
+        self._unpin(pages)
+        self.allocator.decref(pages)
+
+    def _drop_after(self, keep: int) -> None:
+        if len(self.pages) > keep:
+            pinned = self.pages[max(keep, self.pin_lo):]
+            self._unpin(pinned)
+            self.allocator.decref(self.pages[keep:])
+            del self.pages[keep:]
+            self.pin_lo = min(self.pin_lo, keep)
 
 
 class KVUsage(NamedTuple):

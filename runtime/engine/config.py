@@ -27,6 +27,7 @@ class EngineConfig:
     page_size: int = 16
     kv_budget_mb: float | None = None     # default: 512 MB on CPU, 40% of free memory on GPU
     num_pages: int | None = None          # overrides kv_budget_mb
+    window_kv_fraction: float | None = None   # sliding layers' pages per global page (cache/window_pages)
     kv_dtype: str = "auto"                # "auto" (model dtype) | "int8" | "fp8_e4m3" | "fp8_e5m2"
     max_batch_tokens: int = 2048
     max_running: int = 64
@@ -78,6 +79,8 @@ class EngineConfig:
                              f"{self.max_agent_labels!r}")
         if self.kv_budget_mb is not None and not self.kv_budget_mb > 0:
             raise ValueError(f"kv_budget_mb must be > 0, got {self.kv_budget_mb!r}")
+        if self.window_kv_fraction is not None and not 0 < self.window_kv_fraction <= 1:
+            raise ValueError(f"window_kv_fraction must be in (0, 1], got {self.window_kv_fraction!r}")
         if self.num_pages is not None and (not isinstance(self.num_pages, int) or self.num_pages < 2):
             raise ValueError(f"num_pages must be an integer >= 2, got {self.num_pages!r}")
         if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):

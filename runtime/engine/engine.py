@@ -71,12 +71,12 @@ class Engine:
                                                              cfg.torch_dtype, self.device)
         self.model_config = mc = self.model.config
         self.kv_layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.torch_dtype,
-                                  cfg.kv_dtype)
+                                  cfg.kv_dtype, mc.layer_windows)
         budget = cfg.kv_budget_mb if cfg.kv_budget_mb is not None else 512.0
-        self.pool = KVPool(self.kv_layout, cfg.page_size, num_pages=cfg.num_pages,
-                           budget_mb=budget, device=self.device)
+        self.pool = KVPool(self.kv_layout, cfg.page_size, cfg.num_pages, budget, self.device,
+                           cfg.window_kv_fraction, cfg.max_batch_tokens)
         self.backend = make_backend(cfg.attention_backend, self.device)
-        self.allocator = PageAllocator(self.pool.num_pages)
+        self.allocator = PageAllocator(self.pool.num_pages, self.pool.windows)
         self.cache = RadixCache(self.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache)
         copy = lambda src, dst: self.backend.copy_pages(self.pool, src, dst)  # noqa: E731
         self.scheduler = Scheduler(

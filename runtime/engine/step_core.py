@@ -19,6 +19,7 @@ import torch
 
 from agentlang.runtime.cache.page_allocator import PageAllocator
 from agentlang.runtime.cache.page_table import memory_metrics
+from agentlang.runtime.cache.window_pages import window_metrics
 from agentlang.runtime.cache.radix_cache import RadixCache
 from agentlang.runtime.cache.snapshot import snapshot_tree
 from agentlang.runtime.core.errors import UNFIT_IN_KV_POOL
@@ -111,6 +112,7 @@ class StepCore:
             "spec_accepted_tokens": counters.spec_accepted_tokens,
             "spec_verify_steps": counters.spec_verify_steps,
             **self._session_metrics(),
+            **window_metrics(alloc.windows),
             "num_running": len(sched.running),
             "num_waiting": len(sched.waiting) + self.tracker.num_waiting_grammar,
             "page_size": cache.page_size,

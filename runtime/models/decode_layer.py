@@ -57,7 +57,8 @@ class Batch(ctypes.Structure):
                 ("slots", ctypes.c_void_p), ("page_table", ctypes.c_void_p),
                 ("max_pages", ctypes.c_int64), ("page_size", ctypes.c_int64),
                 ("seq_lens", ctypes.c_void_p), ("lcos", ctypes.c_void_p),
-                ("lssin", ctypes.c_void_p)]
+                ("lssin", ctypes.c_void_p), ("wslots", ctypes.c_void_p),
+                ("wpage_table", ctypes.c_void_p)]
 
 
 class NativeDecoder:
@@ -123,11 +124,11 @@ class NativeDecoder:
         return not shared_prefix_groups(batch.page_table, batch.seq_lens_list,
                                         pool.page_size)[1]
 
-    def step(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
+    def step(self, batch: ForwardBatch, pool: KVPool, rope: tuple[torch.Tensor, torch.Tensor],
              local: tuple[torch.Tensor, torch.Tensor] | None = None) -> "NativeStep":
         """The per-step arguments (built once, shared by every layer); ``local``: the sliding
         layers' RoPE rotation when it differs (Gemma 3)."""
-        return batch.cached("native.decode", lambda: NativeStep(batch, rope, local))
+        return batch.cached("native.decode", lambda: NativeStep(batch, rope, local, pool))
 
     def layer(self, i: int, x: torch.Tensor, step: "NativeStep", pool: KVPool) -> torch.Tensor:
         """Layer ``i`` on x: float32 ``[B, hidden]`` (updated in place and returned)."""
@@ -143,10 +144,12 @@ class NativeDecoder:
 
 class NativeStep:
     """A step's batch as ``agl_batch``, one C row a new token (the tensors are kept alive
-    here): row ``t`` reads its sequence's page table up to its own position."""
+    here): row ``t`` reads its sequence's page table up to its own position; a windowed pool's
+    sliding layers read and write the same through their own pages (``KVPool.window_pages``)."""
 
     def __init__(self, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
-                 local: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 local: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 pool: KVPool | None = None):
         cos, ssin = (t.reshape(t.shape[0], -1).float().contiguous() for t in rope)   # [T, hd]
         lcos, lssin = (None, None) if local is None else \
             (t.reshape(t.shape[0], -1).float().contiguous() for t in local)
@@ -159,7 +162,14 @@ class NativeStep:
                         table.int().contiguous(), lens.int().contiguous())
         c, s, slots, table, lens = self.tensors
         self.local = (lcos, lssin)                        # kept alive with the rest
+        self.window = (None, None)
+        if pool is not None and pool.windows is not None:
+            self.window = (pool.window_slots(slots).contiguous(),
+                           pool.window_pages(table).int().contiguous())
+        wslots, wtable = self.window
         self.args = Batch(table.shape[0], c.data_ptr(), s.data_ptr(), slots.data_ptr(),
                           table.data_ptr(), table.shape[1], batch.page_size, lens.data_ptr(),
                           None if lcos is None else lcos.data_ptr(),
-                          None if lssin is None else lssin.data_ptr())
+                          None if lssin is None else lssin.data_ptr(),
+                          None if wslots is None else wslots.data_ptr(),
+                          None if wtable is None else wtable.data_ptr())

@@ -174,7 +174,7 @@ class LlamaModel(nn.Module):
         local = rope if self.local_rope is None else self.local_rope.cos_sin(batch.positions, x.dtype)
         last = len(self.layers) - 1
         native = self.native_decoder
-        step = native.step(batch, rope, None if local is rope else local) \
+        step = native.step(batch, pool, rope, None if local is rope else local) \
             if native is not None and native.serves(batch, pool, backend) else None   # layers in C
         for i, layer in enumerate(self.layers):
             x = layer(x, batch, local if layer.self_attn.window else rope, pool, backend) \

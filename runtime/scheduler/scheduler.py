@@ -133,22 +133,22 @@ class Scheduler:
         return self.retention.hold(key, node, now, ttl, rank=self.policy.rank(req.priority))
 
     def _reserve(self, req: Request, n: int, can_preempt: bool) -> bool:
-        """Reserve pages for ``n`` more tokens of ``req``: evict from the cache, release
-        session holds (for a running request; for an admission those of lower rank, or any
-        when nothing runs), then (if allowed) preempt the policy's victim (lowest priority, newest) — possibly ``req``
-        itself. False if ``req`` got no pages (then it may have been preempted)."""
+        """Reserve pages for ``n`` more tokens of ``req``: evict from the cache, release session
+        holds (running: all; admission: those of lower rank, or any when nothing runs; neither
+        when window pages ran short), then (if allowed) preempt the policy's victim (lowest
+        priority, newest), maybe ``req``. False if ``req`` got no pages (maybe preempted)."""
         while True:
             try:
                 req.page_table.reserve(n, self.copy_fn)
                 return True
-            except OutOfPagesError:
+            except OutOfPagesError as e:
                 need = -(-(req.page_table.num_tokens + n) // self.cfg.page_size) \
                     - len(req.page_table.pages) + 1
-                if self.cache.evict(max(need - self.allocator.num_free, 1)) > 0:
+                if e.evicting_helps and self.cache.evict(max(need - self.allocator.num_free, 1)) > 0:
                     continue
                 below = None if can_preempt or not self.running else \
                     self.policy.rank(req.priority)
-                if self.retention.release_for_pages(below):
+                if e.evicting_helps and self.retention.release_for_pages(below):
                     continue
                 if not can_preempt or len(self.running) <= 1:
                     return False
@@ -276,7 +276,7 @@ class Scheduler:
             limit = (req.num_tokens - 1) // ps * ps
             if req.group.logprob_start is not None:
                 limit = min(limit, max(0, req.group.logprob_start - 1) // ps * ps)
-            cached = min(m.length, limit)
+            cached = PageTable.usable_prefix(self.allocator, m.pages, min(m.length, limit))
             if self._overlaps_inflight(req, cached, inflight):
                 continue
             table = PageTable(self.allocator, ps, self.table_stats)

@@ -53,6 +53,8 @@ typedef struct {
     int64_t max_pages, page_size;
     const int32_t *seq_lens;                /* [B] tokens after this step */
     const float *lcos, *lssin;              /* [B, rd]: the sliding layers' table, or NULL */
+    const int64_t *wslots;                  /* [B] the sliding layers' rows (their own pages), */
+    const int32_t *wpage_table;             /* [B, max_pages] and table; NULL: slots, page_table */
 } agl_batch;
 
 static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float eps, float *out)
@@ -162,7 +164,8 @@ static int attend(const agl_dims *dm, const agl_layer *L, const agl_batch *bt, i
         free(at);
         return -1;
     }
-    row_offsets(bt, bt->page_table + b * bt->max_pages, lo, n, row, at);
+    const int32_t *table = L->window && bt->wpage_table ? bt->wpage_table : bt->page_table;
+    row_offsets(bt, table + b * bt->max_pages, lo, n, row, at);
     scores(L->k_cache + kvh * hd, at, m, hd, q, s);
     if (dm->softcap > 0.0f) {                              /* cap * tanh(s * scale / cap) */
         for (int64_t t = 0; t < m; t++)
@@ -218,7 +221,8 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
         const int local = L->local_rope && bt->lcos;
         rope(r, dm->nh + dm->nkv, hd, dm->rd, (local ? bt->lcos : bt->cos) + b * dm->rd,
              (local ? bt->lssin : bt->ssin) + b * dm->rd);
-        float *kd = L->k_cache + bt->slots[b] * nk, *vd = L->v_cache + bt->slots[b] * nk;
+        const int64_t slot = (L->window && bt->wslots ? bt->wslots : bt->slots)[b];
+        float *kd = L->k_cache + slot * nk, *vd = L->v_cache + slot * nk;
         for (int64_t i = 0; i < nk; i++) {
             kd[i] = r[nq + i];
             vd[i] = r[nq + nk + i];

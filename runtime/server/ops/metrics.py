@@ -39,6 +39,13 @@ GAUGES = (
     ("session_holds", "session_holds", "Finished turns whose KV is held for their next turn."),
     ("kv_pages_session_held", "session_held_pages",
      "Distinct KV pages kept by session holds (shared prefixes counted once)."),
+    ("kv_window_pages_total", "window_pages_total",
+     "Sliding-window layers' KV pages in all (0: the model has no sliding layers)."),
+    ("kv_window_pages_free", "window_pages_free", "Sliding-window KV pages on the free list."),
+    ("kv_window_pages_pinned", "window_pages_pinned",
+     "Sliding-window KV pages inside some running request's window."),
+    ("kv_window_pages_idle", "window_pages_idle",
+     "Sliding-window KV pages out of every running window, kept for prefix hits (evictable)."),
 )
 COUNTERS = (
     ("prefix_cache_queried_tokens", "prefix_cache_queried_tokens",
@@ -50,6 +57,8 @@ COUNTERS = (
      "Steps run between the layers of a step in flight for higher-priority arrivals."),
     ("cow_copies", "cow_copies", "Copy-on-write page copies."),
     ("kv_evicted_pages", "evictions", "Prefix-cache pages evicted under memory pressure."),
+    ("kv_window_evicted_pages", "window_evictions",
+     "Idle sliding-window KV pages evicted for new ones."),
     ("prompt_tokens", "prompt_tokens", "Prompt tokens submitted."),
     ("generation_tokens", "generated_tokens", "Tokens generated."),
     ("requests_finished", "requests_finished", "Requests finished by the engine."),
