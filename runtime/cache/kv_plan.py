@@ -6,6 +6,11 @@ The KV cache, not the weights, bounds concurrency::
     KV bytes per request = ceil(context / page_size) pages x page_size x bytes per token
     max concurrent       = (memory - weights) // KV bytes per request
 
+A model with sliding-window layers (Gemma 2 / 3) keeps their KV for the window only
+(:mod:`agentlang.runtime.cache.window_pages`): a request costs its whole context in the global
+layers plus ``min(pages, ceil((window - 1) / page_size) + 2)`` pages in the sliding ones, and
+the plan names the ``window_kv_fraction`` that splits an engine's pool that way.
+
 Scale bytes are those of the 8-bit formats (one float16 per token and KV head, see
 :mod:`agentlang.runtime.cache.kv_quant`); the per-token figure is :meth:`agentlang.runtime.cache.kv_pool.KVLayout.bytes_per_token`,
 the same number the engine sizes its pool with. Weights are counted as parameters x the model
@@ -34,6 +39,8 @@ import torch
 
 from agentlang.runtime.cache.kv_pool import KVLayout
 from agentlang.runtime.cache.kv_quant import KV_DTYPES
+from agentlang.runtime.cache.window_pages import request_window_pages
+from agentlang.runtime.models.gemma_config import layer_windows
 
 FLOAT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PLAN_KV_DTYPES = KV_DTYPES + tuple(FLOAT_DTYPES)   # plus plain float caches of any width
@@ -62,6 +69,10 @@ class KVPlan:
     bytes_per_request: int         # whole pages: ceil(context / page_size) * page_size tokens
     kv_budget_bytes: int           # memory - weights, >= 0
     max_concurrent_requests: int
+    window: int = 0                # the sliding layers' window (0: none)
+    window_layers: int = 0         # layers with a sliding window
+    bytes_per_request_full_length: int = 0   # the same request if every layer kept it all
+    window_kv_fraction: float = 1.0          # the engine's split for requests of this context
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +87,11 @@ class KVPlan:
             ("KV per token", f"{_size(self.bytes_per_token)} ({self.bytes_per_token:,} bytes)"),
             ("KV per request", f"{_size(self.bytes_per_request)} at {self.context:,} tokens "
                                f"({pages:,} pages)"),
+            *([("sliding window", f"{self.window:,} tokens in {self.window_layers} of "
+                                  f"{self.num_layers} layers: full-length KV would take "
+                                  f"{_size(self.bytes_per_request_full_length)} "
+                                  f"(window_kv_fraction {self.window_kv_fraction:.4f})")]
+              if self.window else []),
             ("weights", f"{_size(self.weights_bytes)} ({self.num_parameters:,} parameters, "
                         f"{self.weights_format})"),
             ("memory", _size(self.memory_bytes)),
@@ -120,6 +136,8 @@ def model_dims(config: Any) -> dict[str, int | bool]:
             raise ValueError(f"config: {name} must be a positive integer, got {v!r}")
     dims["tie_word_embeddings"] = bool(_get(config, "tie_word_embeddings",
                                             "tie_word_embeddings", False))
+    dims["layer_windows"] = layer_windows(config, dims["head_dim"]) if isinstance(config, dict) \
+        else tuple(getattr(config, "layer_windows", ()))
     return dims
 
 
@@ -162,9 +180,10 @@ def kv_layout(config: Any, kv_dtype: str, model_dtype: str) -> KVLayout:
         raise ValueError(f"dtype must be one of {list(FLOAT_DTYPES)}, got {model_dtype!r}")
     d = model_dims(config)
     if kv_dtype in FLOAT_DTYPES:
-        return KVLayout(d["num_layers"], d["num_kv_heads"], d["head_dim"], FLOAT_DTYPES[kv_dtype])
+        return KVLayout(d["num_layers"], d["num_kv_heads"], d["head_dim"], FLOAT_DTYPES[kv_dtype],
+                        layer_windows=d["layer_windows"])
     return KVLayout(d["num_layers"], d["num_kv_heads"], d["head_dim"], FLOAT_DTYPES[model_dtype],
-                    kv_dtype)
+                    kv_dtype, d["layer_windows"])
 
 
 def pages_per_request(context: int, page_size: int) -> int:
@@ -176,6 +195,18 @@ def max_concurrent_requests(budget_bytes: int, bytes_per_token: int, context: in
     """Requests of ``context`` tokens whose pages fit in ``budget_bytes`` at once."""
     pages = budget_bytes // (bytes_per_token * page_size)
     return max(0, pages // pages_per_request(context, page_size))
+
+
+def request_bytes(layout: KVLayout, context: int, page_size: int) -> tuple[int, float]:
+    """(KV bytes of one request of ``context`` tokens, the window pages a global page it
+    needs): whole pages; a sliding layer holds the window's pages only."""
+    pages = pages_per_request(context, page_size)
+    if not layout.window:
+        return pages * page_size * layout.bytes_per_token(), 1.0
+    win = min(pages, request_window_pages(layout.window, page_size))
+    g = layout.bytes_per_token(len(layout.global_layers))
+    w = layout.bytes_per_token(len(layout.window_layers))
+    return (pages * g + win * w) * page_size, win / pages
 
 
 def plan(
@@ -223,14 +254,17 @@ def plan(
     memory = int(memory_gb * GIB)
     bpt = layout.bytes_per_token()
     budget = max(0, memory - weights)
+    per_request, fraction = request_bytes(layout, context, page_size)
     return KVPlan(
         model=model, num_layers=d["num_layers"], num_kv_heads=d["num_kv_heads"],
         head_dim=d["head_dim"], model_dtype=model_dtype, kv_dtype=layout.kv_dtype_name,
         page_size=page_size, context=context, memory_bytes=memory, num_parameters=params,
         weights_format=fmt, weights_bytes=weights, bytes_per_token=bpt,
-        bytes_per_request=pages_per_request(context, page_size) * page_size * bpt,
-        kv_budget_bytes=budget,
-        max_concurrent_requests=max_concurrent_requests(budget, bpt, context, page_size),
+        bytes_per_request=per_request, kv_budget_bytes=budget,
+        max_concurrent_requests=budget // per_request, window=layout.window,
+        window_layers=len(layout.window_layers),
+        bytes_per_request_full_length=pages_per_request(context, page_size) * page_size * bpt,
+        window_kv_fraction=fraction,
     )
 
 
@@ -273,6 +307,10 @@ def describe_engine(engine: Any, context: int | None = None) -> dict[str, Any]:
             seen.add(p.data_ptr())
             weights += p.numel() * p.element_size()
     per_req = pages_per_request(context, pool.page_size)
+    windows, fit = pool.windows, pool.num_pages // per_req
+    if windows is not None:            # the global pages bound it, or the window pages do
+        win = min(per_req, request_window_pages(layout.window, pool.page_size))
+        fit = min(fit, windows.num_window_pages // win)
     return {
         "model": engine.model_name,
         "dtype": str(layout.dtype).removeprefix("torch."),
@@ -284,6 +322,7 @@ def describe_engine(engine: Any, context: int | None = None) -> dict[str, Any]:
         "kv_pool_bytes": pool.nbytes(),
         "weights_bytes": weights,
         "context": context,
-        "kv_bytes_per_request": per_req * pool.page_size * layout.bytes_per_token(),
-        "max_concurrent_requests": pool.num_pages // per_req,
+        "kv_bytes_per_request": request_bytes(layout, context, pool.page_size)[0],
+        "max_concurrent_requests": fit,
+        "kv_window_pages": 0 if windows is None else windows.num_window_pages,
     }

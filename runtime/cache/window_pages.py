@@ -60,6 +60,12 @@ def first_visible(position: int, window: int) -> int:
     return max(0, position - window + 1) if window else 0
 
 
+def request_window_pages(window: int, page_size: int) -> int:
+    """The most window pages one request's table pins between steps: the blocks of its next
+    query's window (``window`` keys, a block boundary anywhere) and the one being filled."""
+    return -(-(window - 1) // page_size) + 2
+
+
 def default_fraction(window: int, page_size: int) -> float:
     """Window pages per global page when requests are four windows long."""
     return (window + 2 * page_size) / (DEFAULT_PLAN_WINDOWS * window)
@@ -73,7 +79,7 @@ def window_pool_pages(num_pages: int, page_size: int, window: int, max_batch_tok
     per global page: then the sliding group can never run out first)."""
     if fraction is None:
         fraction = default_fraction(window, page_size)
-    least = -(-(window - 1) // page_size) + 2 + -(-max_batch_tokens // page_size)
+    least = request_window_pages(window, page_size) + -(-max_batch_tokens // page_size)
     return min(num_pages, max(least, math.ceil(num_pages * fraction)))
 
 

@@ -76,6 +76,12 @@ def gemma_fields(cfg: dict, arch: str, head_dim: int) -> dict:
     }
 
 
+def layer_windows(cfg: dict, head_dim: int) -> tuple[int, ...]:
+    """Each layer's sliding window of an HF config dict (0: global), () if not a Gemma's."""
+    arch = next((a for a in cfg.get("architectures") or () if a in GEMMA_ARCHITECTURES), None)
+    return gemma_fields(cfg, arch, head_dim)["layer_windows"] if arch else ()
+
+
 def _positive(cfg: dict, field: str, default: float) -> float:
     """A positive finite number (None or absent: ``default``)."""
     value = cfg.get(field)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import uvicorn
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-ENGINE_FLAGS = ("page_size", "kv_budget_mb", "max_batch_tokens", "max_running",
+ENGINE_FLAGS = ("page_size", "kv_budget_mb", "window_kv_fraction", "max_batch_tokens", "max_running",
                 "grammar_backend", "dtype", "kv_dtype", "schedule_low_priority_values_first",
                 "max_wait_steps", "max_lower_priority_tokens", "urgent_slots", "weights",
                 "speculative", "speculative_max_draft", "speculative_row_cost",
@@ -38,6 +38,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=None, help="KV page size in tokens")
     p.add_argument("--kv-budget-mb", type=float, default=None,
                    help="memory for the KV pool in MB (default: the engine's)")
+    p.add_argument("--window-kv-fraction", type=float, default=None,
+                   help="sliding-window models (Gemma 2 / 3): the sliding layers' KV pages per "
+                        "global page, in (0, 1] (default: (window + 2 pages) / (4 windows); "
+                        "'agentlang kv-plan' names the one for a context)")
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="most tokens computed in one engine step")
     p.add_argument("--max-running", type=int, default=None,
@@ -121,7 +125,9 @@ def describe(engine, url: str, api_key: bool) -> str:
         f"  model   {engine.model_path} ({engine.model_config.num_layers} layers, "
         f"{engine.config.dtype}, context {engine.max_context})",
         f"  KV pool {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} "
-        f"tokens, {pool.nbytes() / 2**20:.1f} MiB ({engine.kv_layout.kv_dtype_name})",
+        f"tokens, {pool.nbytes() / 2**20:.1f} MiB ({engine.kv_layout.kv_dtype_name})"
+        + ("" if pool.windows is None else f"; sliding layers {pool.windows.num_window_pages} "
+           f"pages (window {engine.kv_layout.window})"),
         f"  batch   max {engine.config.max_batch_tokens} tokens/step, "
         f"{engine.config.max_running} running; grammar {engine.config.grammar_backend}",
         f"  OpenAI  {url}/v1  (chat/completions, completions, models)",

@@ -131,3 +131,24 @@ def test_sliding_layers_hold_fewer_bytes_and_the_budget_split_fits():
         KVPool(win, 16, budget_mb=64, window_fraction=0.0)
     with pytest.raises(ValueError, match="one window size"):
         KVLayout(2, 1, 2, torch.float32, layer_windows=(4, 8))
+
+
+def test_the_planner_knows_the_window():
+    """Gemma 3 270M's config: an 8k request keeps 3 layers whole and 15 for the window."""
+    from agentlang.runtime.cache.kv_plan import plan
+
+    cfg = {"architectures": ["Gemma3ForCausalLM"], "hidden_size": 640, "num_hidden_layers": 18,
+           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+           "intermediate_size": 2048, "vocab_size": 262144, "sliding_window": 512,
+           "sliding_window_pattern": 6, "max_position_embeddings": 32768}
+    p = plan(cfg, context=8192, memory_gb=4, model_dtype="bfloat16", num_parameters=268_000_000)
+    per_token = 2 * 256 * 2                                  # K and V of one layer, bf16
+    assert (p.window, p.window_layers) == (512, 15)
+    assert p.bytes_per_request_full_length == 8192 * 18 * per_token
+    assert p.bytes_per_request == 8192 * 3 * per_token + (32 + 2) * 16 * 15 * per_token
+    assert p.max_concurrent_requests == p.kv_budget_bytes // p.bytes_per_request
+    assert p.window_kv_fraction == 34 / 512
+    assert "sliding window  512 tokens in 15 of 18 layers" in p.format()
+    no_window = plan({**cfg, "architectures": ["LlamaForCausalLM"]}, context=8192, memory_gb=4,
+                     model_dtype="bfloat16", num_parameters=268_000_000)
+    assert no_window.window == 0 and no_window.bytes_per_request == p.bytes_per_request_full_length

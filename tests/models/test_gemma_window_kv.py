@@ -96,6 +96,12 @@ def test_running_out_of_window_pages_holds_admissions_back_and_output_holds(gemm
     assert m["window_evictions"] > 0 and m["evictions"] == 0   # the radix tree was not wiped
     assert eng.cache.cached_pages >= sum(len(s) for s in seqs) // 4
     drained(eng)
+    # few global pages too: running requests are preempted, their windows released with them
+    tight = Engine(path, page_size=4, num_pages=24, max_batch_tokens=8, window_kv_fraction=0.01)
+    assert tight.pool.windows.num_window_pages == 6
+    check(oracle, seqs, tight.generate(seqs, PARAMS), "preempted, scarce window pages")
+    assert tight.metrics()["preemptions"] > 0
+    drained(tight)
 
 
 def test_native_decode_layer_reads_and_writes_the_window_pages(tmp_path_factory, tmp_path):
