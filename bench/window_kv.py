@@ -77,7 +77,7 @@ def memory_part(model: Path, context: int, budget_mb: float, n: int) -> dict:
     fraction = plan_for_model(str(model), context=context, memory_gb=1,
                               model_dtype="float32").window_kv_fraction
     prompts = [[(7 * i + 13 * j) % 5000 + 10 for j in range(context - 4)] for i in range(n)]
-    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)   # they overlap
     out = {}
     for label, frac in (("windowed", fraction), ("full_length", 1.0)):
         eng = Engine(str(model), kv_budget_mb=budget_mb, window_kv_fraction=frac,
@@ -100,29 +100,36 @@ def memory_part(model: Path, context: int, budget_mb: float, n: int) -> dict:
     return out
 
 
-def hits_part(model: Path, n: int, budgets: dict[str, float]) -> dict:
+HIT_RUNS = (   # label, KV budget MB, window_kv_fraction (None: the default split)
+    ("roomy/full_length", 256.0, 1.0), ("roomy/windowed", 256.0, None),
+    ("tight/full_length", 64.0, 1.0), ("tight/windowed", 64.0, None),
+    ("roomy/scarce_windows", 256.0, 0.01))
+
+
+def hits_part(model: Path, n: int) -> dict:
     shared = [(11 * j) % 4000 + 20 for j in range(2 * WINDOW)]
     prompts = [shared + [(31 * i + 7 * j) % 4000 + 20 for j in range(48)] for i in range(n)]
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     out = {}
-    for label, mb in budgets.items():
-        for split, frac in (("windowed", None), ("full_length", 1.0)):
-            eng = Engine(str(model), kv_budget_mb=mb, window_kv_fraction=frac, max_running=4)
-            t0 = time.perf_counter()
-            for k in range(0, n, 4):
-                eng.generate(prompts[k:k + 4], params)
-            m = eng.metrics()
-            row = {"kv_budget_mb": mb, "global_pages": eng.pool.num_pages,
-                   "window_pages": eng.pool.windows.num_window_pages,
-                   "hit_rate": round(m["prefix_cache_hit_rate"], 3),
-                   "tokens_prefilled": int(m["prefix_cache_queried_tokens"]
-                                           - m["prefix_cache_hit_tokens"]),
-                   "window_evictions": int(m["window_evictions"]),
-                   "wall_s": round(time.perf_counter() - t0, 1)}
-            out[f"{label}/{split}"] = row
-            print(f"  {label:6s} {split:12s} {mb:6.0f} MB: hit rate {row['hit_rate']:.3f}, "
-                  f"{row['tokens_prefilled']} tokens prefilled, {row['window_evictions']} "
-                  f"window evictions ({row['wall_s']} s)", flush=True)
+    for label, mb, frac in HIT_RUNS:
+        eng = Engine(str(model), kv_budget_mb=mb, window_kv_fraction=frac, max_running=4,
+                     max_batch_tokens=512)
+        t0 = time.perf_counter()
+        for k in range(0, n, 4):
+            eng.generate(prompts[k:k + 4], params)
+        m = eng.metrics()
+        row = {"kv_budget_mb": mb, "global_pages": eng.pool.num_pages,
+               "window_pages": eng.pool.windows.num_window_pages,
+               "hit_rate": round(m["prefix_cache_hit_rate"], 3),
+               "tokens_prefilled": int(m["prefix_cache_queried_tokens"]
+                                       - m["prefix_cache_hit_tokens"]),
+               "window_evictions": int(m["window_evictions"]),
+               "wall_s": round(time.perf_counter() - t0, 1)}
+        out[label] = row
+        print(f"  {label:22s} {mb:4.0f} MB, {row['window_pages']} window pages: "
+              f"hit rate {row['hit_rate']:.3f}, "
+              f"{row['tokens_prefilled']} tokens prefilled, {row['window_evictions']} "
+              f"window evictions ({row['wall_s']} s)", flush=True)
     return out
 
 
@@ -139,7 +146,7 @@ def main() -> None:
         print(f"memory: budget {budget:.0f} MB ({context}-token requests)", flush=True)
         memory = memory_part(model, context, budget, 8 if args.quick else 16)
         print("hits: 1024-token shared prefix + 48-token questions", flush=True)
-        hits = hits_part(model, 8 if args.quick else 24, {"roomy": 256.0, "tight": 24.0})
+        hits = hits_part(model, 8 if args.quick else 24)
     results = {"machine": platform.processor() or platform.machine(), "context": context,
                "kv_budget_mb": round(budget, 1), "memory": memory, "hits": hits}
     print(f"wrote {write_results('window_kv', results, args.out, args.quick)}")

@@ -188,6 +188,7 @@ class KVPool:
         self._where = {layer: (0, i) for i, layer in enumerate(layout.global_layers)}
         self.windows: WindowPages | None = None
         self.window_buffer: torch.Tensor | None = None
+        self._device_map: tuple[int, torch.Tensor | None] = (-1, None)   # (version, map)
         if windowed:
             win = _Group(layout, len(layout.window_layers), window_pages, page_size, self.device)
             self._groups.append(win)
@@ -213,7 +214,12 @@ class KVPool:
 
     def window_pages(self, page_ids: torch.Tensor) -> torch.Tensor:
         """The window pages of global ``page_ids`` (any shape; -1 where a block has none)."""
-        return self.windows.page_map.to(page_ids.device)[page_ids.long()]
+        w = self.windows
+        if page_ids.device.type == "cpu":
+            return w.page_map[page_ids.long()]
+        if self._device_map[0] != w.version:        # one copy per change, not per layer
+            self._device_map = (w.version, w.page_map.to(page_ids.device))
+        return self._device_map[1][page_ids.long()]
 
     def window_slots(self, slots: torch.Tensor) -> torch.Tensor:
         """Global slots ``[T]`` as window-group slots (every block must have a window page)."""

@@ -23,7 +23,8 @@ what the program tells us): each hold has an expected resume time, ``created + e
 and the hold expected back last goes first; equal expectations release the larger hold first.
 
 A released hold's pages stay in the tree as plain LRU entries (evicted only when needed), so
-release never loses KV by itself. Stepping thread only (or under the engine's step lock).
+release never loses KV by itself. With sliding windows (``cache/window_pages.py``) a hold also
+pins the window pages of its history's last window, so the continuation's hit is whole. Stepping thread only (or under the engine's step lock).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 
 from agentlang.runtime.cache.radix_cache import RadixCache
 from agentlang.runtime.cache.radix_node import TreeNode
+from agentlang.runtime.cache.window_pages import first_visible
 
 REASONS = ("continued", "replaced", "closed", "expired", "pressure", "cap", "flushed")
 GAP_MEMORY = 0.5     # weight of the newest pause in a key's mean pause (exponential average)
@@ -48,6 +50,7 @@ class Hold:
     expected_back: float           # when the key is expected to continue
     pages: int                     # pages on the node's path (the history it keeps)
     rank: int = 0                  # the finished turn's priority rank (higher first)
+    window: tuple[int, ...] = ()   # sliding windows: the pages whose window pages it pins
 
 
 @dataclass
@@ -82,7 +85,8 @@ class Retention:
         if node.parent is None or ttl <= 0 or pages > self.max_pages:
             return False
         gap = expected_gap if expected_gap is not None else self._gaps.get(key, ttl / 2)
-        h = Hold(key, node, now, now + ttl, now + min(gap, ttl), pages, rank)
+        h = Hold(key, node, now, now + ttl, now + min(gap, ttl), pages, rank,
+                 self._pin_window(node))
         self.cache.lock(node)
         self._holds[key] = h
         self._by_node.setdefault(id(node), []).append(h)
@@ -184,7 +188,23 @@ class Retention:
             del self._by_node[id(h.node)]
         if h.node.alive:
             self.cache.unlock(h.node)
+        if h.window:
+            self.cache.allocator.windows.unpin(h.window)
         self.stats.released[reason] += 1
+
+    def _pin_window(self, node: TreeNode) -> tuple[int, ...]:
+        """Pin the window pages of the last window of ``node``'s history (all resident, else
+        nothing: that window is lost already); the pinned pages."""
+        windows = self.cache.allocator.windows
+        if windows is None:
+            return ()
+        pages = [p for n in reversed(list(_path(node))) for p in n.pages]     # root first
+        S = self.cache.page_size
+        tail = tuple(pages[first_visible(len(pages) * S, windows.window) // S:])
+        if not all(windows.resident(p) for p in tail):
+            return ()
+        windows.pin(tail)
+        return tail
 
     def _furthest(self, exclude: Hold | None = None,
                   below_rank: int | None = None) -> Hold | None:

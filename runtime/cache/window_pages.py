@@ -99,6 +99,7 @@ class WindowPages:
         self._pins = [0] * num_pages
         self._idle: OrderedDict[int, None] = OrderedDict()   # resident, unpinned; LRU first
         self.evictions = 0
+        self.version = 0           # + 1 at each change of page_map (device copies follow it)
 
     # ---- queries -------------------------------------------------------------------
     def resident(self, page: int) -> bool:
@@ -155,6 +156,7 @@ class WindowPages:
             self._map[p] = w
             self.page_map[p] = w
             self._pins[p] = 1
+        self.version += 1
 
     def pin(self, pages: Iterable[int]) -> None:
         """One more pin on each page; each must be resident."""
@@ -190,6 +192,7 @@ class WindowPages:
         self._free.append(self._map[page])
         self._map[page] = -1
         self.page_map[page] = -1
+        self.version += 1
 
     def check_integrity(self) -> None:
         resident = [p for p in range(self.num_pages) if self._map[p] >= 0]

@@ -254,9 +254,11 @@ def make_decode_graphs(setting: bool | None, model: torch.nn.Module, pool: KVPoo
     on_cuda = pool.device.type == "cuda"
     safe = bool(getattr(backend, "graph_safe", False))
     if setting is None:
-        setting = on_cuda and safe
+        setting = on_cuda and safe and pool.windows is None
     if not setting:
         return None
+    if pool.windows is not None:    # sliding layers attend per sequence (attention/window.py)
+        raise ValueError("cuda_graph=True: sliding-window models (Gemma 2 / 3) are not captured")
     if capture is None and not on_cuda:
         raise ValueError(f"cuda_graph=True needs device 'cuda', got {pool.device.type!r}")
     if not safe and capture is None:

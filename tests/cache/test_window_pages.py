@@ -152,3 +152,29 @@ def test_the_planner_knows_the_window():
     no_window = plan({**cfg, "architectures": ["LlamaForCausalLM"]}, context=8192, memory_gb=4,
                      model_dtype="bfloat16", num_parameters=268_000_000)
     assert no_window.window == 0 and no_window.bytes_per_request == p.bytes_per_request_full_length
+
+
+def test_a_session_hold_pins_its_history_last_window():
+    """A held turn keeps its history's last window resident through window pressure (the
+    continuation's hit stays whole); released, those pages idle and can go."""
+    from agentlang.runtime.cache.radix_cache import RadixCache, TokenKey
+    from agentlang.runtime.cache.retention import Retention
+
+    w, alloc = tables(num_pages=32, window_pages=11)
+    cache = RadixCache(alloc, S)
+    ret = Retention(cache, 32)
+    tokens = TokenKey.check(list(range(100, 124)), "test")      # 6 pages
+    t = PageTable(alloc, S)
+    grow(t, 24)
+    pages = list(t.pages)
+    cache.release_into_cache(tokens, t.detach(), ())
+    node = cache.match_prefix(tokens, (), record=False).node
+    assert ret.hold("agent", node, now=0.0, ttl=60.0)
+    assert w.metrics()["window_pages_pinned"] == 2          # positions 17..23: pages 4, 5
+    other = PageTable(alloc, S)
+    grow(other, 36)                  # 9 pages: 5 free + the 4 idle ones (unheld: page 4 too)
+    assert PageTable.usable_prefix(alloc, pages, 24) == 24
+    ret.release("agent", "closed")
+    assert w.num_idle == 2
+    other.free()
+    w.check_integrity()
