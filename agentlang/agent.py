@@ -57,6 +57,8 @@ def call_format(exe: Stream) -> tuple[str, str, str]:
     from agentlang.runtime.grammar.tool_format import FORMATS
 
     f = FORMATS[fmt]
+    if f.gemma:         # FunctionGemma's call:NAME{k:v} is not a JSON object: agentlang's own
+        return "", "arguments", ""
     return f.head, f.args_key, f.tail
 
 

@@ -4,7 +4,8 @@ template renders tools itself, and whether its model thinks in ``<think>`` block
 Detection reads the template text (HF's ``tokenizer.chat_template``; a GGUF's
 ``tokenizer.chat_template`` arrives there through transformers): a template that uses
 ``tools`` and writes ``<tool_call>`` is Hermes-style (Qwen2.5, Qwen3), ``[TOOL_CALLS]`` is
-Mistral's, a JSON prompt with ``"parameters"`` is Llama 3.1+'s; any other template (or none)
+Mistral's, ``<start_function_call>`` FunctionGemma's (Gemma 3's function-calling model; plain
+Gemma 2 / 3 templates have no tools), a JSON prompt with ``"parameters"`` is Llama 3.1+'s; any other template (or none)
 keeps agentlang's own tools prompt (``agentlang`` format, tools described in the system
 message). A format whose marker is a token of that family (``<tool_call>``, ``[TOOL_CALLS]``)
 must find it in the vocabulary as one token, or :class:`ChatFamilyError` says so at load: a
@@ -23,7 +24,8 @@ from typing import Any
 from agentlang.runtime.grammar.tool_format import FORMATS, REASONING
 from agentlang.runtime.weights.model_loader import ModelLoadError
 
-MARKERS = {"hermes": ("<tool_call>", "</tool_call>"), "mistral": ("[TOOL_CALLS]",)}
+MARKERS = {"hermes": ("<tool_call>", "</tool_call>"), "mistral": ("[TOOL_CALLS]",),
+           "functiongemma": ("<start_function_call>", "<end_function_call>", "<escape>")}
 
 
 class ChatFamilyError(ModelLoadError):
@@ -49,7 +51,9 @@ class ChatFamily:
         reasoning = "think" if "<think>" in t and "</think>" in t else None
         fmt = "agentlang"
         if "tools" in t:
-            if "<tool_call>" in t:
+            if "<start_function_call>" in t:
+                fmt = "functiongemma"
+            elif "<tool_call>" in t:
                 fmt = "hermes"
             elif "[TOOL_CALLS]" in t:
                 fmt = "mistral"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentlang.runtime.grammar import gemma_args
+
 # Standard keywords that restrict the set of valid instances.
 RESTRICTIVE = frozenset({
     "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
@@ -34,6 +36,7 @@ SUPPORTED = {
         "minProperties", "allOf",
     },
     "outlines": _COMMON,
+    "functiongemma": gemma_args.SUPPORTED,       # FunctionGemma's call syntax (gemma_args)
 }
 FORMATS = {
     "xgrammar": frozenset({
@@ -41,6 +44,7 @@ FORMATS = {
         "uri-reference", "uuid",
     }),
     "outlines": frozenset({"date", "time", "date-time", "email", "uri", "uuid"}),
+    "functiongemma": frozenset(),
 }
 
 # Keywords whose value is a subschema / a list of subschemas / a dict of subschemas.

@@ -8,6 +8,10 @@ text, the text around each call, and the key of its arguments — used to constr
 * ``hermes`` (Qwen2.5 / Qwen3, Hermes): ``<tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>``.
 * ``mistral``: ``[TOOL_CALLS][{"name": N, "arguments": {...}}]``.
 * ``llama3_json`` (Llama 3.1+ with its JSON tool prompt): ``{"name": N, "parameters": {...}}``.
+* ``functiongemma`` (FunctionGemma, Gemma 3's function-calling model):
+  ``<start_function_call>call:N{k:<escape>text<escape>,n:1}<end_function_call>``, arguments in
+  its own syntax (:mod:`agentlang.runtime.grammar.gemma_args`: grammar, parser); the tool's
+  response turn, ``<start_function_response>``, stops the answer.
 
 A reasoning block (``REASONING["think"]``: Qwen3's ``<think>…</think>``) may precede the
 constrained part: the constraint then applies to what follows the block, not to the block.
@@ -19,21 +23,35 @@ import json
 import re
 from dataclasses import dataclass
 
+from agentlang.runtime.grammar.gemma_args import GemmaArgsError, args_grammar, parse_value
+from agentlang.runtime.grammar.schema_support import check_schema_support
+
 
 @dataclass(frozen=True)
 class ToolFormat:
     name: str
     trigger: str           # starts a call in free text (the constraint's trigger)
     head: str              # before the call's name: begin = head + '{"name": ' + name
-    args_key: str          # "arguments" or "parameters"
+    args_key: str          # "arguments" or "parameters" (JSON formats)
     tail: str              # after the arguments object's closing brace
+    gemma: bool = False    # FunctionGemma's call:NAME{k:v} instead of a JSON object
+    stops: tuple[str, ...] = ()   # text that ends the answer (the tool's turn)
 
     def begin(self, name: str) -> str:
+        if self.gemma:
+            return f"{self.head}call:{name}"
         return f'{self.head}{{"name": {json.dumps(name)}, "{self.args_key}": '
 
     @property
     def end(self) -> str:
-        return "}" + self.tail
+        return self.tail if self.gemma else "}" + self.tail
+
+    def content(self, schema: dict) -> dict:
+        """The structural-tag content of a call's arguments under ``schema``."""
+        if not self.gemma:
+            return {"type": "json_schema", "json_schema": schema}
+        check_schema_support(schema, "functiongemma")
+        return {"type": "grammar", "grammar": args_grammar(schema)}
 
 
 FORMATS = {f.name: f for f in (
@@ -41,6 +59,8 @@ FORMATS = {f.name: f for f in (
     ToolFormat("hermes", "<tool_call>", "<tool_call>\n", "arguments", "\n</tool_call>"),
     ToolFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS][", "arguments", "]"),
     ToolFormat("llama3_json", '{"name": ', "", "parameters", ""),
+    ToolFormat("functiongemma", "<start_function_call>", "<start_function_call>", "",
+               "<end_function_call>", gemma=True, stops=("<start_function_response>",)),
 )}
 REASONING = {"think": ("<think>", "</think>\n\n")}     # begin, end as Qwen3's template writes them
 
@@ -53,8 +73,7 @@ def structural_tag(fmt: str, tools: list[dict], forced: bool, reasoning: str | N
     each parameters schema (the backend bounds recursion)."""
     f = FORMATS[fmt]
     tags = [{"type": "tag", "begin": f.begin(t["name"]), "end": f.end,
-             "content": {"type": "json_schema", "json_schema": schema_of(t["parameters"])}}
-            for t in tools]
+             "content": f.content(schema_of(t["parameters"]))} for t in tools]
     if forced:
         body = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
     else:
@@ -78,6 +97,8 @@ def parse_calls(fmt: str, text: str) -> tuple[list[tuple[str, object]], str | No
     Every format also accepts a bare ``{"name", "arguments" | "parameters"}`` object, or one in
     a Markdown fence, as the whole text (what a forced call in agentlang's format is)."""
     f = FORMATS[fmt]
+    if f.gemma:
+        return _gemma_calls(f, text)
     if fmt == "mistral" and f.trigger in text:
         before, _, after = text.partition(f.trigger)
         try:
@@ -112,6 +133,27 @@ def parse_calls(fmt: str, text: str) -> tuple[list[tuple[str, object]], str | No
     return ([call], None) if call is not None else None
 
 
+def _gemma_calls(f: ToolFormat, text: str) -> tuple[list[tuple[str, object]], str | None] | None:
+    calls, rest, at = [], [], 0
+    while (start := text.find(f.trigger, at)) >= 0:
+        end = text.find(f.tail, start)
+        m = _GEMMA_CALL.match(text, start + len(f.trigger), end if end >= 0 else len(text))
+        if end < 0 or m is None:
+            return None
+        try:
+            args = parse_value(m.group(2))
+        except GemmaArgsError:
+            return None
+        if not isinstance(args, dict):
+            return None
+        calls.append((m.group(1), args))
+        rest.append(text[at:start])
+        at = end + len(f.tail)
+    rest.append(text[at:])
+    return (calls, "".join(rest).strip() or None) if calls else None
+
+
+_GEMMA_CALL = re.compile(r"call:([A-Za-z0-9_.-]+)(\{.*\})$", re.S)
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 

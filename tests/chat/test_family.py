@@ -19,6 +19,7 @@ def test_the_embedded_model_keeps_agentlangs_format(tokenizer):
     ("hermes_think", ChatFamily("hermes", True, "think")),
     ("mistral", ChatFamily("mistral", True, None)),
     ("llama3_json", ChatFamily("llama3_json", True, None)),
+    ("functiongemma", ChatFamily("functiongemma", True, None)),
 ])
 def test_hf_directories(tmp_path, model_path, template, expected):
     from transformers import AutoTokenizer
@@ -27,6 +28,14 @@ def test_hf_directories(tmp_path, model_path, template, expected):
     assert fam == expected
     assert fam.thinking(None) is (expected.reasoning is not None)
     assert fam.thinking({"enable_thinking": False}) is False
+
+
+def test_functiongemmas_markers_must_be_tokens(tmp_path, model_path):
+    from transformers import AutoTokenizer
+
+    lacking = family_model(model_path, tmp_path, "functiongemma", rename=False)
+    with pytest.raises(ChatFamilyError, match="'<start_function_call>' is not a token"):
+        ChatFamily.of(AutoTokenizer.from_pretrained(lacking))
 
 
 def test_a_gguf_files_template_and_marker_tokens(tmp_path, tokenizer_fields):

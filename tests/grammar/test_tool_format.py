@@ -13,9 +13,11 @@ ADD = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"typ
 CALL = {"agentlang": '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
         "hermes": '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
         "mistral": '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}]',
-        "llama3_json": '{"name": "add", "parameters": {"a": 1}}'}
+        "llama3_json": '{"name": "add", "parameters": {"a": 1}}',
+        "functiongemma": "<start_function_call>call:add{a:1}<end_function_call>"}
 BROKEN = {"agentlang": '<tool_call>{"name": "sub"', "hermes": '<tool_call>\n{"name": "add", "arguments": {"b"',
-          "mistral": '[TOOL_CALLS][{"name": "add", "arguments": 3', "llama3_json": '{"name": "ad"'}
+          "mistral": '[TOOL_CALLS][{"name": "add", "arguments": 3', "llama3_json": '{"name": "ad"',
+          "functiongemma": "<start_function_call>call:add{b:"}
 
 
 @pytest.fixture(scope="module")

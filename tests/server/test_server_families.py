@@ -1,7 +1,7 @@
 """Other chat families through the OpenAI chat route (issue 32), official ``openai`` client
 against real servers: the embedded weights served with a Hermes / Qwen3-style template (with
-``<think>`` reasoning), a Mistral-style one and a Llama-3-JSON-style one
-(:mod:`tests.support.families`). Tools reach the model through its own template; calls are
+``<think>`` reasoning), a Mistral-style one, a Llama-3-JSON-style one and one in FunctionGemma's
+conventions (``call:NAME{k:<escape>v<escape>}``, not JSON) (:mod:`tests.support.families`). Tools reach the model through its own template; calls are
 constrained and parsed in its format — in auto mode (a few-shot history makes the small model
 call) every started call parses and validates; required / named always give one valid call;
 reasoning goes to ``reasoning_content`` (streamed too) and a response format constrains the
@@ -30,11 +30,13 @@ ANSWER = {"type": "object", "properties": {"city": {"type": "string"},
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory, model_path):
     root = tmp_path_factory.mktemp("families")
-    return {name: family_model(model_path, root / name, name)
-            for name in ("hermes_think", "mistral", "llama3_json")}
+    return {name: family_model(model_path, root / name, name) for name in FAMILIES}
 
 
-@pytest.fixture(scope="module", params=["hermes_think", "mistral", "llama3_json"])
+FAMILIES = ("hermes_think", "mistral", "llama3_json", "functiongemma")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
 def family(request, dirs):
     from openai import OpenAI
 
@@ -44,7 +46,8 @@ def family(request, dirs):
     srv.stop()
 
 
-MARKER = {"hermes_think": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": '{"name": '}
+MARKER = {"hermes_think": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": '{"name": ',
+          "functiongemma": "<start_function_call>"}
 
 
 def valid_calls(choice, marker: str) -> int:
@@ -142,7 +145,9 @@ def test_the_familys_template_renders_tools_and_calls_as_hf_does(dirs):
                                       add_generation_prompt=True)
         assert ours == ref and "get_weather" in ours
         assert {"hermes_think": "<tool_call>\n{\"name\": \"add\"", "mistral": "[TOOL_CALLS][",
-                "llama3_json": "\"parameters\": {\"a\": 17"}[name] in ours
+                "llama3_json": "\"parameters\": {\"a\": 17",
+                "functiongemma": "<start_function_call>call:add{a:17,b:25}<end_function_call>"
+                }[name] in ours
 
 
 def test_bad_setups_fail_clearly(dirs, model_path, tmp_path):

@@ -17,7 +17,14 @@ TEMPLATES = Path(__file__).parent / "templates"
 # unused SmolLM2 special tokens (ids kept) -> the family markers
 RENAMES = {"<jupyter_code>": "<tool_call>", "<jupyter_output>": "</tool_call>",
            "<reponame>": "[TOOL_CALLS]"}
-LIKE = {"<tool_call>": "<", "</tool_call>": "</", "[TOOL_CALLS]": "["}   # row copied from
+# FunctionGemma's seven (its template only: their rows would tie with the markers above)
+GEMMA_RENAMES = {"<filename>": "<start_function_declaration>",
+                 "<gh_stars>": "<end_function_declaration>", "<issue_start>": "<start_function_call>",
+                 "<issue_comment>": "<end_function_call>",
+                 "<issue_closed>": "<start_function_response>",
+                 "<jupyter_start>": "<end_function_response>", "<jupyter_text>": "<escape>"}
+LIKE = {"<tool_call>": "<", "</tool_call>": "</", "[TOOL_CALLS]": "[",   # row copied from
+        "<start_function_call>": "<", "<end_function_call>": "</", "<escape>": '"'}
 
 
 def family_model(base: Path, out: Path, template: str, rename: bool = True) -> Path:
@@ -33,29 +40,30 @@ def family_model(base: Path, out: Path, template: str, rename: bool = True) -> P
             shutil.copy(f, out / f.name)
     tok = json.loads((base / "tokenizer.json").read_text())
     cfg = json.loads((base / "tokenizer_config.json").read_text())
+    renames = GEMMA_RENAMES if template == "functiongemma" else RENAMES
     if rename:
         vocab = tok["model"]["vocab"]
-        for old, new in RENAMES.items():
+        for old, new in renames.items():
             vocab[new] = vocab.pop(old)
         for t in tok["added_tokens"]:
-            if t["content"] in RENAMES:
-                t["content"], t["special"] = RENAMES[t["content"]], False
+            if t["content"] in renames:
+                t["content"], t["special"] = renames[t["content"]], False
         for t in cfg.get("added_tokens_decoder", {}).values():
-            if t["content"] in RENAMES:
-                t["content"], t["special"] = RENAMES[t["content"]], False
+            if t["content"] in renames:
+                t["content"], t["special"] = renames[t["content"]], False
         for key in ("additional_special_tokens", "extra_special_tokens"):
             if isinstance(cfg.get(key), list):
-                cfg[key] = [t for t in cfg[key] if t not in RENAMES]
+                cfg[key] = [t for t in cfg[key] if t not in renames]
     cfg.pop("chat_template", None)
     if rename:
-        _marker_rows(base / "model.safetensors", out / "model.safetensors", tok)
+        _marker_rows(base / "model.safetensors", out / "model.safetensors", tok, renames)
     (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=1))
     shutil.copy(TEMPLATES / f"{template}.jinja", out / "chat_template.jinja")
     return out
 
 
-def _marker_rows(src: Path, dst: Path, tok: dict) -> None:
+def _marker_rows(src: Path, dst: Path, tok: dict, renames: dict) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -63,6 +71,7 @@ def _marker_rows(src: Path, dst: Path, tok: dict) -> None:
     emb = state["model.embed_tokens.weight"]               # tied: also the LM head
     vocab = tok["model"]["vocab"]
     with torch.no_grad():
-        for marker, like in LIKE.items():
-            emb[vocab[marker]] = emb[vocab[like]]
+        for marker in renames.values():
+            if marker in LIKE:
+                emb[vocab[marker]] = emb[vocab[LIKE[marker]]]
     save_file(state, str(dst))
