@@ -5,7 +5,9 @@ from the tools' parameter schemas, so the arguments always parse and validate. W
 backend knows the model's family format (``Backend.tool_format``: the in-process runtime
 reads it from the chat template), the call is written that way: the format's text around the
 object is filled in (Hermes ``<tool_call>\n`` … ``\n</tool_call>``, Mistral ``[TOOL_CALLS][`` …
-``]``) and Llama 3's key is ``"parameters"``; the object itself stays schema-constrained. The agent
+``]``) and Llama 3's key is ``"parameters"``; the object itself stays schema-constrained.
+FunctionGemma's calls (``call:NAME{k:<escape>v<escape>}``, not JSON) are generated whole under
+the runtime's ``tool_calls`` constraint in that format and parsed with its parser. The agent
 loop alternates an assistant turn (one call) with a ``result_role`` turn holding the result,
 until the model calls ``final_answer`` or ``max_steps`` is reached (the last step may only
 answer). Both run on a stream's worker thread (see interpreter.py).
@@ -14,6 +16,7 @@ answer). Both run on a stream's worker thread (see interpreter.py).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from agentlang.ir import AgentLoop, ToolCall
@@ -48,17 +51,17 @@ def call_schema(tools: tuple[Tool, ...], answer_schema: Any = None, allow_final:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def call_format(exe: Stream) -> tuple[str, str, str]:
+def call_format(exe: Stream) -> tuple[str, str | None, str]:
     """``(text before the call object, its arguments key, text after it)`` for the backend's
-    model (module doc)."""
+    model (module doc); key None: FunctionGemma's syntax, not a JSON object (``_gemma_call``)."""
     fmt = exe.ctx.backend.tool_format()
     if fmt is None:
         return "", "arguments", ""
     from agentlang.runtime.grammar.tool_format import FORMATS
 
     f = FORMATS[fmt]
-    if f.gemma:         # FunctionGemma's call:NAME{k:v} is not a JSON object: agentlang's own
-        return "", "arguments", ""
+    if f.gemma:         # FunctionGemma's call:NAME{k:v} is not a JSON object: key None
+        return f.head, None, f.tail
     return f.head, f.args_key, f.tail
 
 
@@ -105,11 +108,41 @@ def _generate_call(exe: Stream, schema: dict, max_tokens: int,
     return text, result
 
 
+def _gemma_call(exe: Stream, tools: list[dict], max_tokens: int,
+                temperature: float | None) -> tuple[str, dict, str, Any]:
+    """(name, arguments, text, result) of one call in FunctionGemma's format to one of
+    ``tools`` ([{name, parameters}]), constrained by its grammar (runtime/grammar/gemma_args)."""
+    from agentlang.runtime.grammar.tool_format import parse_calls
+
+    opts = replace(make_options(max_tokens=max_tokens, temperature=temperature),
+                   tool_calls={"tools": tools, "format": "functiongemma", "forced": True})
+    text, result = exe.generate_text(exe.resolve(opts))
+    parsed = parse_calls("functiongemma", text)
+    if parsed is None or len(parsed[0]) != 1:
+        raise ValueError(f"the model's tool call is not a complete call (raise max_tokens if "
+                         f"it was cut off): {text!r}")
+    (name, arguments), = parsed[0]
+    return name, arguments, text, result
+
+
+def _tool_specs(tools, answer_schema: Any = None, final: bool = False,
+                only_final: bool = False) -> list[dict]:
+    specs = [] if only_final else [{"name": t.name, "parameters": t.parameters} for t in tools]
+    if final or only_final:
+        specs.append({"name": FINAL, "parameters": final_schema(answer_schema)["properties"]
+                      ["arguments"]})
+    return specs
+
+
 def execute_tool_call(exe: Stream, node: ToolCall) -> None:
     head, key, tail = call_format(exe)
-    text, result = _generate_call(exe, call_schema(node.tools, key=key), node.max_tokens,
-                                  node.temperature, head, tail)
-    name, arguments = parse_call(text, node.tools, key)
+    if key is None:
+        name, arguments, text, result = _gemma_call(exe, _tool_specs(node.tools),
+                                                    node.max_tokens, node.temperature)
+    else:
+        text, result = _generate_call(exe, call_schema(node.tools, key=key), node.max_tokens,
+                                      node.temperature, head, tail)
+        name, arguments = parse_call(text, node.tools, key)
     tool = next(t for t in node.tools if t.name == name)
     value = tool.invoke(arguments)
     exe.store_var(node.name, value, {**result.meta, "tool": name, "arguments": arguments,
@@ -122,12 +155,18 @@ def execute_agent_loop(exe: Stream, node: AgentLoop) -> None:
     head, key, tail = call_format(exe)
     for step in range(node.max_steps):
         last = step == node.max_steps - 1
-        schema = final_schema(node.answer_schema, key) if last else call_schema(
-            node.tools, node.answer_schema, allow_final=True, key=key)
         exe.begin_role("assistant")
-        text, _ = _generate_call(exe, schema, node.max_tokens, node.temperature, head, tail)
-        exe.end_role("assistant")
-        name, arguments = parse_call(text, node.tools, key)
+        if key is None:             # FunctionGemma's syntax
+            name, arguments, _, _ = _gemma_call(
+                exe, _tool_specs(node.tools, node.answer_schema, True, last), node.max_tokens,
+                node.temperature)
+            exe.end_role("assistant")
+        else:
+            schema = final_schema(node.answer_schema, key) if last else call_schema(
+                node.tools, node.answer_schema, allow_final=True, key=key)
+            text, _ = _generate_call(exe, schema, node.max_tokens, node.temperature, head, tail)
+            exe.end_role("assistant")
+            name, arguments = parse_call(text, node.tools, key)
         if name == FINAL:
             answer = arguments["answer"]
             break

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 SGLANG_LOGPROB_FIELDS = ("return_logprob", "top_logprobs_num")   # SGLang's names: -> logprobs
+CONSTRAINTS = ("json_schema", "regex", "grammar", "value_type", "tool_calls")   # at most one
 VALUE_TYPES = {int: "int", float: "float", bool: "bool", str: "str",
                "int": "int", "float": "float", "bool": "bool", "str": "str"}
 
@@ -38,6 +39,7 @@ class SamplingOptions:
     regex: str | None = None
     grammar: str | None = None   # Lark grammar
     value_type: str | None = None  # "int" | "float" | "bool" | "str"
+    tool_calls: Any = None       # {"tools", "format", "forced"}: calls in a family's format
     priority: int | None = None  # scheduling priority, higher first (None: the backend's default)
     agent: str | None = None     # accounting label (a run's default: the program name)
 
@@ -51,7 +53,7 @@ class SamplingOptions:
     @property
     def constraint(self) -> str | None:
         """Which structured-output constraint is set, if any."""
-        for name in ("json_schema", "regex", "grammar", "value_type"):
+        for name in CONSTRAINTS:
             if getattr(self, name) is not None:
                 return name
         return None
@@ -60,7 +62,7 @@ class SamplingOptions:
         """Fields set here override ``defaults``; a constraint set here drops the default's."""
         base = defaults
         if self.constraint is not None:
-            base = replace(defaults, json_schema=None, regex=None, grammar=None, value_type=None)
+            base = replace(defaults, **dict.fromkeys(CONSTRAINTS))
         updates = {f.name: getattr(self, f.name) for f in fields(self)
                    if getattr(self, f.name) is not None}
         return replace(base, **updates)

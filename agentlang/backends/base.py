@@ -81,6 +81,7 @@ class Capabilities:
     extended_sampling: bool = True    # top_k, min_p, min_tokens, ignore_eos, repetition_penalty
     text_prompt: bool = True          # False: chat-only API; gen must open an assistant turn
     priority: bool = True             # honours a scheduling priority
+    tool_calls: bool = False          # a family's call constraint (the in-process runtime)
 
 
 class Backend(ABC):
@@ -157,6 +158,8 @@ class Backend(ABC):
             ("regex", opts.regex is not None, caps.regex),
             ("json_schema", opts.json_schema is not None, caps.json_schema),
             ("grammar", opts.grammar is not None, caps.grammar),
+            ("tool_calls (a model family's call format)", opts.tool_calls is not None,
+             caps.tool_calls),
             ("dtype (typed generation)", opts.value_type is not None, caps.value_type),
             ("return_logprob/top_logprobs_num", opts.logprobs is not None, caps.logprobs),
             ("stop_token_ids", bool(opts.stop_token_ids), caps.stop_token_ids),

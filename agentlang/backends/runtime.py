@@ -24,7 +24,7 @@ def engine_option_names() -> list[str]:
 
 
 class Runtime(Backend):
-    capabilities = Capabilities()
+    capabilities = Capabilities(tool_calls=True)
 
     def __init__(self, model: str = "default", *, priority: int | None = None,
                  **engine_args: Any):

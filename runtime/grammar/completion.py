@@ -113,8 +113,12 @@ class ShortestCompletion:
     """Per compiled grammar: shortest completions from any matcher state (memoised)."""
 
     def __init__(self, table: TokenTable, max_nodes: int = DEFAULT_MAX_NODES,
-                 bfs_nodes: int = DEFAULT_BFS_NODES):
+                 bfs_nodes: int = DEFAULT_BFS_NODES, closers: tuple[bytes, ...] = ()):
+        """``closers``: multi-byte words tried first as one step each (a format's string
+        delimiter, e.g. FunctionGemma's ``<escape>``: byte by byte the quick search would
+        not find it within ``max_nodes``)."""
         self.table = table
+        self.closers = tuple(ids for ids in map(self._byte_split, closers) if ids is not None)
         self.max_nodes = max_nodes
         self.bfs_nodes = bfs_nodes
         self._memo: dict[object, bytes] = {}
@@ -306,7 +310,7 @@ class ShortestCompletion:
             allowed = [bt for bt in allowed if bt[0] not in _CLASSED or first[_CLASS[bt[0]]] == bt[0]]
         if ranked:
             allowed.sort(key=lambda bt: _CLOSING_RANK.get(bt[0], len(_CLOSING_ORDER)))
-        return [(tok,) for _, tok in allowed]
+        return [*self.closers, *((tok,) for _, tok in allowed)]
 
 
 def _accept_all(matcher: GrammarMatcher, tokens: tuple[int, ...]) -> int:

@@ -93,13 +93,32 @@ def _items(s: str, i: int, close: str, keyed: bool) -> tuple[Any, int]:
 
 
 # ---- the grammar --------------------------------------------------------------------------
-# a string's characters: anything that does not spell <escape> (its closing delimiter); the
-# states of matching "<escape>" so far (s1: "<", s2: "<e", ..., s7: "<escape"), any may end
-# (the delimiter that follows starts with "<", which no partial match continues into)
-_PREFIX = "escape"
-_STRING_STATES = ['s0 ::= "" | [^<] s0 | "<" s1'] + [
-    f's{k} ::= "" | "<" s1 | [^{c}<] s0 | "{c}" s{k + 1}' for k, c in enumerate(_PREFIX, 1)
-] + ['s7 ::= "" | "<" s1 | [^><] s0']
+def string_rules(words: tuple[str, ...]) -> list[str]:
+    """Rules ``s0``... of a string's characters: any text in which none of ``words`` occurs
+    (each starts with ``<`` and has no other ``<``: the delimiter, a format's markers). The
+    states are the trie of the words' proper prefixes; a ``<`` anywhere restarts at "<"; any
+    state may end (what follows the string, the delimiter, starts with ``<``, which no partial
+    match continues into)."""
+    if not words or any(not w.startswith("<") or "<" in w[1:] for w in words):
+        raise ValueError(f"excluded words must start with '<' and hold no other: {words!r}")
+    prefixes = sorted({w[:i] for w in words for i in range(1, len(w))})
+    state = {"": "s0", **{p: f"s{i + 1}" for i, p in enumerate(prefixes)}}
+    rules = []
+    for p, name in state.items():
+        nxt = sorted({w[len(p)] for w in words if w.startswith(p) and len(w) > len(p)} - {"<"})
+        alts = ['""', f'"<" {state["<"]}']
+        if p:
+            alts += [f"{_literal(c)} {state[p + c]}" for c in nxt if p + c in state]
+        avoid = "".join(_class_char(c) for c in ["<", *nxt])
+        alts.append(f"[^{avoid}] s0")
+        rules.append(f"{name} ::= {' | '.join(alts)}")
+    return rules
+
+
+def _class_char(c: str) -> str:
+    return "\\" + c if c in "]\\^-[" else c
+
+
 _BASE = {
     "string": f'"{ESCAPE}" s0 "{ESCAPE}"',
     "integer": '"-"? ("0" | [1-9] [0-9]*)',
@@ -109,11 +128,12 @@ _BASE = {
 }
 
 
-def args_grammar(schema: dict) -> str:
-    """EBNF (root: the arguments object) of the calls ``schema`` allows (module doc)."""
+def args_grammar(schema: dict, excludes: tuple[str, ...] = ()) -> str:
+    """EBNF (root: the arguments object) of the calls ``schema`` allows (module doc); no
+    string holds any of ``excludes`` (a format's markers: its parser would stop there)."""
     g = _Grammar()
     root = g.value(schema if schema else {"type": "object"})
-    return "\n".join([f"root ::= {root}", *_STRING_STATES,
+    return "\n".join([f"root ::= {root}", *string_rules((ESCAPE, *excludes)),
                       *(f"{k} ::= {v}" for k, v in g.rules.items())])
 
 

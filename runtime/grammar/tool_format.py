@@ -23,7 +23,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from agentlang.runtime.grammar.gemma_args import GemmaArgsError, args_grammar, parse_value
+from agentlang.runtime.grammar.gemma_args import ESCAPE, GemmaArgsError, args_grammar, parse_value
 from agentlang.runtime.grammar.schema_support import check_schema_support
 
 
@@ -46,12 +46,18 @@ class ToolFormat:
     def end(self) -> str:
         return self.tail if self.gemma else "}" + self.tail
 
+    @property
+    def closers(self) -> tuple[bytes, ...]:
+        """Words the budget guard's completion search tries first (its string delimiter)."""
+        return (ESCAPE.encode(),) if self.gemma else ()
+
     def content(self, schema: dict) -> dict:
         """The structural-tag content of a call's arguments under ``schema``."""
         if not self.gemma:
             return {"type": "json_schema", "json_schema": schema}
         check_schema_support(schema, "functiongemma")
-        return {"type": "grammar", "grammar": args_grammar(schema)}
+        return {"type": "grammar",
+                "grammar": args_grammar(schema, (self.trigger, self.tail, *self.stops))}
 
 
 FORMATS = {f.name: f for f in (

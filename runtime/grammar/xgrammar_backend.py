@@ -29,7 +29,7 @@ from agentlang.runtime.grammar.regex_ebnf import ebnf_string
 from agentlang.runtime.grammar.schema_support import check_schema_support
 from agentlang.runtime.grammar.schema_unroll import bound_recursion
 from agentlang.runtime.grammar.vocab import TokenVocab
-from agentlang.runtime.grammar.tool_format import after_reasoning, structural_tag
+from agentlang.runtime.grammar.tool_format import FORMATS, after_reasoning, structural_tag
 
 DEBUG_STATE = "_debug_print_internal_state"
 _STEPS = re.compile(r"There are (\d+) steps")
@@ -78,8 +78,10 @@ class XGrammarBackend(GrammarBackend):
     def compile(self, constraint: Constraint) -> CompiledGrammar:
         field = _FIELD[constraint.kind]
         try:
+            closers = FORMATS[constraint.call_format()[0]].closers \
+                if constraint.kind == "tool_calls" else ()
             return XGrammarCompiled(constraint, self.vocab, self._compile(constraint),
-                                    ShortestCompletion(self.token_table))
+                                    ShortestCompletion(self.token_table, closers=closers))
         except ValueError as e:
             if str(e).startswith(field + ":"):
                 raise

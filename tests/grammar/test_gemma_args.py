@@ -98,3 +98,43 @@ def test_the_format_round_trips_a_call_with_text_around():
     assert parse_calls("functiongemma", text) == ([("get_weather", args)], "Sure.")
     assert parse_calls("functiongemma", text[:-5]) is None            # the call is not closed
     assert json.loads(json.dumps(args)) == args
+
+
+def test_strings_never_hold_the_formats_markers():
+    """A string holding ``<end_function_call>`` would end the call at the parser: the format's
+    grammar keeps its markers out of strings (and the delimiter, and the response turn)."""
+    fmt = FORMATS["functiongemma"]
+    g = xgr.Grammar.from_ebnf(fmt.content({"type": "object", "properties": {"s": {"type": "string"}}})
+                              ["grammar"])
+    for marker in ("<end_function_call>", "<start_function_call>", "<start_function_response>"):
+        assert not accepts(g, f"{{s:<escape>a{marker}b<escape>}}"), marker
+        assert accepts(g, f"{{s:<escape>a{marker[:-1]}b<escape>}}"), marker      # a prefix is fine
+    assert accepts(g, "{s:<escape><<end_function_cal<<escape>}")
+
+
+@pytest.mark.slow
+def test_a_call_completes_within_the_budget(tmp_path, model_path):
+    """The budget guard closes a rambling string argument in time (its completion search
+    tries the ``<escape>`` delimiter as one step): at every budget the call parses and
+    validates (off: the same prompt runs past every budget inside the string)."""
+    from agentlang.runtime import Engine, SamplingParams
+    from agentlang.runtime.grammar.tool_format import parse_calls
+    from tests.support.families import family_model
+
+    eng = Engine(str(family_model(model_path, tmp_path / "fg", "functiongemma")),
+                 kv_budget_mb=32)
+    answer = {"type": "object", "properties": {"answer": {"type": "string"}},
+              "required": ["answer"]}
+    spec = {"tools": [{"name": "final_answer", "parameters": answer}],
+            "format": "functiongemma", "forced": True}
+    for budget in (30, 48, 64):
+        for guard in (True, False):
+            out = eng.generate("Write a long story about a dragon. ", SamplingParams(
+                max_tokens=budget, temperature=0, tool_calls=spec, complete_within_budget=guard))
+            parsed = parse_calls("functiongemma", out.text)
+            if guard:
+                assert parsed is not None, out.text
+                (name, args), = parsed[0]
+                jsonschema.validate(args, answer)
+            else:
+                assert parsed is None and out.outputs[0].finish_reason == "length", out.text
