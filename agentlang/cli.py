@@ -118,7 +118,7 @@ def add_generate_command(sub: SubParsers) -> None:
 
 
 def run_kv_plan(args: argparse.Namespace) -> int:
-    from agentlang.runtime.cache.kv_plan import plan_for_model
+    from agentlang.runtime.models.kv_plan import plan_for_model
 
     p = plan_for_model(args.model, context=args.context, memory_gb=args.memory_gb,
                        kv_dtype=args.kv_dtype, page_size=args.page_size, model_dtype=args.dtype,
@@ -128,7 +128,7 @@ def run_kv_plan(args: argparse.Namespace) -> int:
 
 
 def add_kv_plan_command(sub: SubParsers) -> None:
-    from agentlang.runtime.cache.kv_plan import PLAN_KV_DTYPES, WEIGHT_FORMATS
+    from agentlang.runtime.models.kv_plan import PLAN_KV_DTYPES, WEIGHT_FORMATS
 
     p = sub.add_parser("kv-plan", help="KV cache capacity: bytes per token/request, max requests",
                        description="Compute KV bytes per token and per request, the weights' "

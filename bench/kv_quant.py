@@ -34,7 +34,7 @@ import torch
 
 from agentlang.runtime.attention.base import make_backend
 from agentlang.runtime.attention.forward_batch import build_forward_batch
-from agentlang.runtime.cache.kv_plan import kv_layout, max_concurrent_requests
+from agentlang.runtime.models.kv_plan import kv_layout, max_concurrent_requests
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 from agentlang.runtime.weights.model_loader import resolve_model
 from agentlang.runtime.models.llama import LlamaModel

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentlang.runtime import Engine, SamplingParams  # noqa: E402
-from agentlang.runtime.cache.kv_plan import plan_for_model, request_bytes  # noqa: E402
+from agentlang.runtime.models.kv_plan import plan_for_model, request_bytes  # noqa: E402
 from bench.output import write_results  # noqa: E402
 
 WINDOW = 512

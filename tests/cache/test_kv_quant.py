@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agentlang.runtime.engine.config import EngineConfig
-from agentlang.runtime.cache.kv_plan import describe_engine
+from agentlang.runtime.models.kv_plan import describe_engine
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 from agentlang.runtime.cache.kv_quant import (
     KV_DTYPES,

@@ -135,7 +135,7 @@ def test_sliding_layers_hold_fewer_bytes_and_the_budget_split_fits():
 
 def test_the_planner_knows_the_window():
     """Gemma 3 270M's config: an 8k request keeps 3 layers whole and 15 for the window."""
-    from agentlang.runtime.cache.kv_plan import plan
+    from agentlang.runtime.models.kv_plan import plan
 
     cfg = {"architectures": ["Gemma3ForCausalLM"], "hidden_size": 640, "num_hidden_layers": 18,
            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,

@@ -128,7 +128,7 @@ def test_engine_loads_a_gguf_by_path(tmp_path, tokenizer_fields):
     assert [len(o.token_ids) for o in outs] == [6, 6]
     eng.flush_cache()
     assert eng.allocator.num_free == eng.pool.num_pages
-    from agentlang.runtime.cache.kv_plan import describe_engine
+    from agentlang.runtime.models.kv_plan import describe_engine
 
     stored = describe_engine(eng)["weights_bytes"]        # quantized buffers are counted
     assert 0.5 * path.stat().st_size < stored < 2 * path.stat().st_size

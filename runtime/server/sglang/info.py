@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from agentlang.runtime.cache.kv_plan import describe_engine
+from agentlang.runtime.models.kv_plan import describe_engine
 from agentlang.runtime.sampling.params import SamplingParams
 from agentlang.runtime.server.state import ServerState
 

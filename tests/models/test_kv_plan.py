@@ -9,7 +9,7 @@ import math
 import pytest
 
 from agentlang.cli import main
-from agentlang.runtime.cache.kv_plan import GIB, count_parameters, max_concurrent_requests, plan, plan_for_model
+from agentlang.runtime.models.kv_plan import GIB, count_parameters, max_concurrent_requests, plan, plan_for_model
 
 LLAMA3_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
              "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256,
