@@ -35,10 +35,14 @@ def _call_option(name: str, parameters: dict, key: str = "arguments") -> dict:
             "required": ["name", key], "additionalProperties": False}
 
 
-def final_schema(answer_schema: Any, key: str = "arguments") -> dict:
+def _final_parameters(answer_schema: Any) -> dict:
     answer = answer_schema if answer_schema is not None else {"type": "string"}
-    return _call_option(FINAL, {"type": "object", "properties": {"answer": answer},
-                                "required": ["answer"], "additionalProperties": False}, key)
+    return {"type": "object", "properties": {"answer": answer}, "required": ["answer"],
+            "additionalProperties": False}
+
+
+def final_schema(answer_schema: Any, key: str = "arguments") -> dict:
+    return _call_option(FINAL, _final_parameters(answer_schema), key)
 
 
 def call_schema(tools: tuple[Tool, ...], answer_schema: Any = None, allow_final: bool = False,
@@ -129,8 +133,7 @@ def _tool_specs(tools, answer_schema: Any = None, final: bool = False,
                 only_final: bool = False) -> list[dict]:
     specs = [] if only_final else [{"name": t.name, "parameters": t.parameters} for t in tools]
     if final or only_final:
-        specs.append({"name": FINAL, "parameters": final_schema(answer_schema)["properties"]
-                      ["arguments"]})
+        specs.append({"name": FINAL, "parameters": _final_parameters(answer_schema)})
     return specs
 
 

@@ -70,8 +70,8 @@ class KVLayout:
 
     @property
     def global_layers(self) -> tuple[int, ...]:
-        return tuple(i for i in range(self.num_layers) if not (self.layer_windows and
-                                                               self.layer_windows[i]))
+        sliding = set(self.window_layers)
+        return tuple(i for i in range(self.num_layers) if i not in sliding)
 
     @property
     def format(self) -> KVFormat | None:

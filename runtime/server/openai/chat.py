@@ -87,11 +87,12 @@ def _params(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan,
         raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
     fields = base_fields(req, max_tokens)
     fields["logprobs"] = (req.top_logprobs or 0) if req.logprobs else None
-    if plan.active and FORMATS[plan.format].gemma:   # FunctionGemma: as vLLM's parser does,
-        given = fields["stop"]                        # its markers kept in the text (they may
-        fields["stop"] = [*([given] if isinstance(given, str) else given or ()),   # be special
-                          *FORMATS[plan.format].stops]   # tokens), the tool's turn ends it
-        fields["skip_special_tokens"] = False
+    fmt = FORMATS[plan.format]
+    if plan.active and fmt.stops:                 # the tool's turn ends the answer
+        given = fields["stop"]
+        fields["stop"] = [*([given] if isinstance(given, str) else given or ()), *fmt.stops]
+    if plan.active and fmt.gemma:    # FunctionGemma's markers may be special tokens: kept in
+        fields["skip_special_tokens"] = False     # the text for its parser (as vLLM does)
     constraint, cparam = constraint_fields(
         req, plan, constrain_auto_calls=state.engine.config.grammar_backend == "xgrammar")
     fields.update(constraint)
