@@ -10,7 +10,8 @@ FunctionGemma's calls (``call:NAME{k:<escape>v<escape>}``, not JSON) are generat
 the runtime's ``tool_calls`` constraint in that format and parsed with its parser. The agent
 loop alternates an assistant turn (one call) with a ``result_role`` turn holding the result,
 until the model calls ``final_answer`` or ``max_steps`` is reached (the last step may only
-answer). Both run on a stream's worker thread (see interpreter.py).
+answer). Both run on a stream's worker thread (see interpreter.py). Before a tool runs the
+backend hears how long it is expected to take (:func:`run_tool`: a next-use hint).
 """
 
 from __future__ import annotations
@@ -137,6 +138,16 @@ def _tool_specs(tools, answer_schema: Any = None, final: bool = False,
     return specs
 
 
+def run_tool(exe: Stream, tool: Tool, arguments: dict) -> Any:
+    """Run ``tool``, first telling the backend when this run will generate again (the tool's
+    expected duration: ``Backend.next_use``), so a server keeping the run's KV while the tool
+    runs releases first the runs expected back last."""
+    expected = tool.expected_duration()
+    if expected is not None:
+        exe.ctx.backend.next_use(exe.ctx.run_id, expected)
+    return tool.invoke(arguments)
+
+
 def execute_tool_call(exe: Stream, node: ToolCall) -> None:
     head, key, tail = call_format(exe)
     if key is None:
@@ -147,7 +158,7 @@ def execute_tool_call(exe: Stream, node: ToolCall) -> None:
                                       node.temperature, head, tail)
         name, arguments = parse_call(text, node.tools, key)
     tool = next(t for t in node.tools if t.name == name)
-    value = tool.invoke(arguments)
+    value = run_tool(exe, tool, arguments)
     exe.store_var(node.name, value, {**result.meta, "tool": name, "arguments": arguments,
                                      "call_text": text, "result": value})
 
@@ -175,7 +186,7 @@ def execute_agent_loop(exe: Stream, node: AgentLoop) -> None:
             break
         tool = next(t for t in node.tools if t.name == name)
         try:
-            value, error = tool.invoke(arguments), None
+            value, error = run_tool(exe, tool, arguments), None
         except Exception as e:  # noqa: BLE001 - the model sees the error and may retry
             value, error = None, f"{type(e).__name__}: {e}"
         steps.append({"tool": name, "arguments": arguments, "result": value, "error": error})

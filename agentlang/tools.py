@@ -7,6 +7,11 @@ parameters). Hints that cannot form a schema (``Any``, ``object``, arbitrary cla
 
 Supported hints: str, int, float, bool, None, list[T], dict[str, T], tuple[...], Literal,
 Enum subclasses, ``T | None`` / Optional[T], unions, Annotated[T, ...] and pydantic models.
+
+Durations: a tool knows how long it takes (``@tool(expected_s=2.0)``, else the mean of its
+runs so far, :class:`ToolTimes`). Before it runs, the agent loop tells the backend when the
+program will generate again (``Backend.next_use``), so a server keeping the program's KV
+releases the agents expected back last first.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import inspect
 import re
 import types
 import typing
+import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 _PRIMITIVES = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
@@ -85,14 +92,38 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return " ".join(description.split()), params
 
 
+TIMES_MEMORY = 0.5     # weight of the newest run in a tool's mean duration (exponential)
+
+
+class ToolTimes:
+    """How long one tool's runs took: an exponential mean, thread-safe (programs share tools)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mean: float | None = None
+
+    def record(self, seconds: float) -> None:
+        with self._lock:
+            self._mean = seconds if self._mean is None else \
+                TIMES_MEMORY * seconds + (1 - TIMES_MEMORY) * self._mean
+
+    def mean(self) -> float | None:
+        """Seconds, or None before the first run."""
+        with self._lock:
+            return self._mean
+
+
 @dataclass(frozen=True, eq=False)
 class Tool:
-    """A callable tool. ``parameters`` is the JSON schema of its keyword arguments."""
+    """A callable tool. ``parameters`` is the JSON schema of its keyword arguments;
+    ``expected_s`` its declared duration (None: learned from its runs, ``times``)."""
 
     fn: Callable[..., Any]
     name: str
     description: str
     parameters: dict
+    expected_s: float | None = None
+    times: ToolTimes = field(default_factory=ToolTimes, repr=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -114,21 +145,34 @@ class Tool:
             raise ValueError(f"arguments for tool '{self.name}' do not match its schema: "
                              f"{e.message}") from None
 
+    def expected_duration(self) -> float | None:
+        """Seconds a run is expected to take: declared, else the mean so far (None: unknown)."""
+        return self.expected_s if self.expected_s is not None else self.times.mean()
+
     def invoke(self, arguments: dict) -> Any:
-        """Validate ``arguments`` and call the function with them."""
+        """Validate ``arguments`` and call the function with them (its duration recorded)."""
         self.validate(arguments)
-        return self.fn(**arguments)
+        t0 = time.monotonic()
+        try:
+            return self.fn(**arguments)
+        finally:
+            self.times.record(time.monotonic() - t0)
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
-         description: str | None = None) -> Any:
-    """Decorator: ``@tool`` or ``@tool(name=..., description=...)``."""
+         description: str | None = None, expected_s: float | None = None) -> Any:
+    """Decorator: ``@tool`` or ``@tool(name=..., description=..., expected_s=...)``;
+    ``expected_s``: seconds a run takes (a next-use hint; default: learned from its runs)."""
     if fn is None:
-        return lambda f: tool(f, name=name, description=description)
+        return lambda f: tool(f, name=name, description=description, expected_s=expected_s)
     if isinstance(fn, Tool):
         return fn
     if not callable(fn):
         raise ValueError(f"@tool needs a function, got {type(fn).__name__}")
+    if expected_s is not None:
+        from agentlang.runtime.sampling.fields import bound
+
+        bound("next_use_s").check("expected_s", expected_s)
     doc_description, doc_params = parse_docstring(fn.__doc__)
     try:
         hints = typing.get_type_hints(fn, include_extras=True)
@@ -155,4 +199,4 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
                   "additionalProperties": False}
     return Tool(fn=fn, name=name or fn.__name__,
                 description=description or doc_description or fn.__name__,
-                parameters=parameters)
+                parameters=parameters, expected_s=expected_s)

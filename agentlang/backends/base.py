@@ -10,7 +10,8 @@ The interpreter calls:
   ``capabilities.prefix_cache`` is true;
 - ``check(opts)`` before a generation: a feature the backend cannot honour raises
   ``UnsupportedFeatureError`` instead of being silently dropped;
-- ``end_run(run_id)`` when a program run ended (its session, if the backend keeps one, closes).
+- ``end_run(run_id)`` when a program run ended (its session, if the backend keeps one, closes);
+- ``next_use(run_id, seconds)`` before a tool of the run runs: when it will generate again.
 
 Sessions: a backend whose engine keeps KV per session (``Runtime``, ``RuntimeEndpoint`` on
 ``agentlang serve``) makes each program run one — :func:`session_of` names it after the run —
@@ -141,6 +142,11 @@ class Backend(ABC):
 
     def end_run(self, run_id: str) -> None:
         """Program run ``run_id`` ended: what the backend kept for it can go (default: none)."""
+
+    def next_use(self, run_id: str, seconds: float) -> None:
+        """Program run ``run_id`` will generate again in about ``seconds`` (a tool of it runs):
+        a next-use hint for what the backend keeps for it (default: ignored). Best effort:
+        never raises for a run that has nothing kept."""
 
     def close(self) -> None:
         """Release resources (threads, connections, engines). Idempotent."""

@@ -63,6 +63,7 @@ class RuntimeEndpoint(Backend):
         self._model_info: dict | None = None
         self._lock = threading.Lock()
         self._sessions: set[str] = set()        # sessions this client's runs sent
+        self._hints = True                      # False: the server has no /session_hint
 
     @property
     def endpoint(self) -> RuntimeEndpoint:
@@ -151,6 +152,21 @@ class RuntimeEndpoint(Backend):
             self.client.post("/close_session", json={"session_id": sid})
         except httpx.HTTPError:
             pass
+
+    def next_use(self, run_id: str, seconds: float) -> None:
+        """``POST /session_hint`` for the run's session (agentlang's route; a server without
+        it, e.g. SGLang's, answers 404 once and is not asked again)."""
+        sid = run_session(run_id)
+        with self._lock:
+            if sid not in self._sessions or not self._hints:
+                return
+        try:
+            r = self.client.post("/session_hint", json={"session_id": sid, "next_use_s": seconds})
+        except httpx.HTTPError:
+            return
+        if r.status_code in (404, 405) and "session_id" not in r.text:
+            with self._lock:
+                self._hints = False       # no such route (an unknown session names session_id)
 
     def stream(self, prompt: Prompt, opts: SamplingOptions) -> Iterator[GenDelta]:
         body = self.payload(prompt.text, opts, True, prompt.tag)

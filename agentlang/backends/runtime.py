@@ -89,6 +89,14 @@ class Runtime(Backend):
     def end_run(self, run_id: str) -> None:
         self.engine.sessions.close(run_session(run_id))
 
+    def next_use(self, run_id: str, seconds: float) -> None:
+        from agentlang.runtime.session.session import SessionError
+
+        try:
+            self.engine.sessions.hint(run_session(run_id), seconds)
+        except SessionError:
+            pass                          # the run has no session (the engine's limit)
+
     def _params(self, prompt: Prompt, opts: SamplingOptions) -> Any:
         """The engine's parameters in the run's session; without one when the engine's
         session limit is reached (the run then uses the plain LRU cache, never refused)."""

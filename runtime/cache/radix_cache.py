@@ -33,7 +33,7 @@ from collections.abc import Hashable, Sequence
 from agentlang.runtime.cache.page_allocator import PageAllocator
 from agentlang.runtime.cache.radix_lru import LeafQueue
 from agentlang.runtime.cache.radix_node import (CacheStats, Eviction, MatchResult, TokenKey, TreeNode,
-                                check_namespace, check_tree, namespace_of, subtree)
+                                check_namespace, check_tree, namespace_of, own_history, subtree)
 
 __all__ = ["CacheStats", "Eviction", "MatchResult", "RadixCache", "TokenKey", "TreeNode"]
 
@@ -181,6 +181,13 @@ class RadixCache:
             raise ValueError(f"evict: num_pages must be an int >= 0, got {num_pages!r}")
         return self._evict(num_pages, count=True)
 
+    def demote(self, node: TreeNode, keep: int = 0) -> int:
+        """No live program will touch the history ending at ``node`` again: its own nodes
+        (:func:`own_history`, past its first ``keep`` tokens) are evicted before every other
+        until a match touches them. Returns the pages demoted."""
+        self._check_node(node, "demote")
+        return sum(len(n.pages) for n in own_history(node, keep) if self._lru.demote(n))
+
     def flush(self) -> int:
         """Evict every unlocked node; returns the pages freed. Not counted as evictions."""
         return self._evict(None, count=False)
@@ -221,12 +228,9 @@ class RadixCache:
             "prefix_hit_tokens": self.stats.hit_tokens,
             "prefix_hit_rate": self.stats.hit_rate,
             "evicted_pages": self.stats.evicted_pages,
-            "cached_pages": self.cached_pages,
-            "evictable_pages": self._evictable,
+            "cached_pages": self.cached_pages, "evictable_pages": self._evictable,
             "protected_pages": self._protected,
-            "pages_total": a.num_pages,
-            "pages_used": a.num_used,
-            "pages_free": a.num_free,
+            "pages_total": a.num_pages, "pages_used": a.num_used, "pages_free": a.num_free,
         }
 
     def roots(self) -> dict[Hashable, TreeNode]:

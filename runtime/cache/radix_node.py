@@ -26,7 +26,7 @@ class TreeNode:
     lock_ref: int = 0      # direct locks on this node + locks of every descendant
     alive: bool = True     # False once evicted or reset
     namespace: Hashable = None  # set on roots only
-    queued: bool = False   # has an entry in the cache's eviction queue
+    queued: int = 0        # the seq of its entry in the cache's eviction queue (0: none)
     children: dict[tuple[int, ...], TreeNode] = field(default_factory=dict, repr=False)
 
     @property
@@ -114,6 +114,25 @@ def subtree(root: TreeNode) -> Iterator[TreeNode]:
         node = stack.pop()
         yield node
         stack.extend(node.children.values())
+
+
+def own_history(node: TreeNode, keep: int = 0) -> list[TreeNode]:
+    """The nodes only the history ending at ``node`` uses, deepest first: from ``node`` up to
+    the first node with another child (a branch point: other histories use it) or starting
+    within the history's first ``keep`` tokens (e.g. a prompt others may share). Empty when
+    ``node`` has children of its own."""
+    path = []
+    while node.parent is not None:
+        path.append(node)
+        node = node.parent
+    end, below, out = sum(len(n.key) for n in path), None, []
+    for n in path:
+        if end - len(n.key) < keep or any(c is not below for c in n.children.values()):
+            break
+        end -= len(n.key)
+        out.append(n)
+        below = n
+    return out
 
 
 class TreeCensus(NamedTuple):

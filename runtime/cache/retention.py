@@ -21,6 +21,13 @@ Order of release under pressure and at the cap (*furthest next use first*, Belad
 what the program tells us): each hold has an expected resume time, ``created + expected_gap``
 (the caller's hint, or the key's recent mean pause between a turn's end and its next request),
 and the hold expected back last goes first; equal expectations release the larger hold first.
+A hint may be sent after the turn ended (:meth:`Retention.rehint`), e.g. once the program knows
+which tool runs and for how long.
+
+When a session closes its held history is *dead* past its first prompt (no live program will
+touch it): :meth:`Retention.forget` demotes it in the tree's LRU order, so those pages go
+before any live one; the first prompt (a system prompt, few-shot examples others may share)
+stays plain LRU.
 
 A released hold's pages stay in the tree as plain LRU entries (evicted only when needed), so
 release never loses KV by itself. With sliding windows (``cache/window_pages.py``) a hold also
@@ -56,6 +63,7 @@ class Hold:
 @dataclass
 class RetentionStats:
     released: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    demoted_pages: int = 0        # pages of closed sessions' histories marked dead
 
 
 class Retention:
@@ -85,8 +93,7 @@ class Retention:
         if node.parent is None or ttl <= 0 or pages > self.max_pages:
             return False
         gap = expected_gap if expected_gap is not None else self._gaps.get(key, ttl / 2)
-        h = Hold(key, node, now, now + ttl, now + min(gap, ttl), pages, rank,
-                 self._pin_window(node))
+        h = Hold(key, node, now, now + ttl, now + gap, pages, rank, self._pin_window(node))
         self.cache.lock(node)
         self._holds[key] = h
         self._by_node.setdefault(id(node), []).append(h)
@@ -121,10 +128,27 @@ class Retention:
         self._release(h, reason)
         return True
 
-    def forget(self, key: Hashable) -> None:
-        """``key`` is gone for good (its session closed): release and drop its statistics."""
+    def rehint(self, key: Hashable, now: float, gap: float) -> Hold | None:
+        """``key`` now expects to continue ``gap`` seconds after ``now`` (a next-use hint sent
+        after its turn ended, e.g. once the tool it called is known): its hold's place in the
+        release order moves (its TTL does not). The hold, or None when ``key`` holds nothing."""
+        h = self._holds.get(key)
+        if h is not None:
+            h.expected_back = now + gap
+        return h
+
+    def forget(self, key: Hashable, keep: int | None = None) -> int:
+        """``key`` is gone for good (its session closed): release and drop its statistics.
+        With ``keep`` (tokens), the history it held past its first ``keep`` tokens is dead:
+        evicted before any other (:meth:`RadixCache.demote`). Returns the pages demoted."""
+        h = self._holds.get(key)
         self.release(key, "closed")
         self._gaps.pop(key, None)
+        if h is None or keep is None or not h.node.alive:
+            return 0
+        demoted = self.cache.demote(h.node, keep)
+        self.stats.demoted_pages += demoted
+        return demoted
 
     def expire(self, now: float) -> int:
         """Release every hold whose TTL ran out by ``now``; returns how many. O(1) while none

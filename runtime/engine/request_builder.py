@@ -111,6 +111,9 @@ class RequestBuilder:
         if params.prompt_logprobs is not None and logprob_start is None:
             logprob_start = 1
         ns = self.namespace(params.cache_salt)
+        if params.next_use_s is not None and params.session is None and params.tool_calls is None:
+            raise ValueError("next_use_s: a hint for a request whose KV is kept for its next "
+                             "use: give it a session (session_id) or tools")
         session = None
         if params.session is not None and self.sessions is not None:
             session = (ns, self.sessions.join(ns, params.session, len(ids), params.max_tokens))

@@ -6,6 +6,11 @@ until the session's next request is admitted, the session closes, the hold's TTL
 pages are short. A request that offered tools (``SamplingParams.tool_calls``) without a session
 is held the same way under its own id: its continuation is matched by its tokens.
 
+Next-use hints: a request's ``SamplingParams.next_use_s`` (seconds until its continuation, the
+client's estimate) or a later :meth:`EngineSessions.hint` sets when its hold is expected back,
+which orders releases under pressure (furthest first); without one the session's observed
+pauses do. Closing a session (or its timeout) marks its history past the first prompt dead.
+
 TTL rule: ``min(session timeout, hold_s)`` (``EngineConfig.session_hold_s``, default 30 s).
 Holding costs other requests nothing while pages are free, and once they are short the
 scheduler releases holds before any request waits or is preempted; so the TTL only bounds
@@ -25,6 +30,7 @@ from typing import NamedTuple
 
 from agentlang.runtime.engine.snapshot import namespace_label
 from agentlang.runtime.request.request import RequestGroup
+from agentlang.runtime.sampling.fields import bound
 from agentlang.runtime.sampling.params import SamplingParams
 from agentlang.runtime.scheduler.scheduler import Scheduler
 from agentlang.runtime.session.registry import SessionRegistry
@@ -87,8 +93,25 @@ class EngineSessions:
         for rid in running:
             self.abort(rid)
         with self.lock:                      # between steps: released when close returns
-            self.scheduler.retention.forget((ns, session_id))
+            self.scheduler.retention.forget((ns, session_id), s.first_prompt)
         return True
+
+    def hint(self, session_id: str, next_use_s: float, cache_salt: str | None = None) -> int:
+        """Session ``session_id`` will send its next turn in about ``next_use_s`` seconds
+        (a next-use hint, e.g. the tool its last turn called is running): its hold moves in
+        the release order (``cache.retention``), or, while a turn runs and nothing is held,
+        the hint applies to the hold that turn's end takes. Returns the pages held now.
+        ``ValueError`` naming ``next_use_s`` out of range; ``SessionError`` (404) naming
+        ``session_id`` for a session that is not open."""
+        bound("next_use_s").check("next_use_s", next_use_s)
+        ns = self.namespace(cache_salt)
+        s = self.registry.get(ns, session_id, field="session_id")
+        with self.lock:
+            h = self.scheduler.retention.rehint((ns, session_id), time.monotonic(),
+                                                float(next_use_s))
+            if h is None:
+                s.next_use_s = float(next_use_s)
+            return 0 if h is None else h.pages
 
     def turn_prompt(self, turn: TurnParams, new_ids: list[int], max_tokens: int, rid: str,
                     cache_salt: str | None = None) -> list[int]:
@@ -124,7 +147,7 @@ class EngineSessions:
         """Record the finished turn in its session and hold its KV (see the module doc)."""
         req = min(group.children, key=lambda c: c.index)
         now = time.monotonic()
-        ttl = self.hold_s
+        ttl, gap = self.hold_s, group.params.next_use_s
         if group.session is not None:
             key: Hashable = group.session
             s = self.registry.find(*group.session)
@@ -134,6 +157,7 @@ class EngineSessions:
                         s.finish(group.rid, req.output_ids, now)
                     else:
                         s.drop(group.rid)
+                    gap, s.next_use_s = (gap if gap is not None else s.next_use_s), None
                 ttl = min(ttl, s.timeout) if s.timeout is not None else ttl
             else:
                 return                       # closed while the turn ran: nothing to keep
@@ -142,7 +166,7 @@ class EngineSessions:
         else:
             return
         if group.error is None and req.num_computed > 0:
-            self.scheduler.retain(req, key, now, ttl)
+            self.scheduler.retain(req, key, now, ttl, gap)
 
     def tick(self, now: float | None = None) -> None:
         """Release expired holds; close sessions idle past their timeout (once a second)."""
@@ -152,7 +176,7 @@ class EngineSessions:
             return
         self._next_reap = now + REAP_EVERY_S
         for s in self.registry.reap(now):
-            self.scheduler.retention.forget((s.namespace, s.id))
+            self.scheduler.retention.forget((s.namespace, s.id), s.first_prompt)
 
     def rows(self, now: float | None = None) -> list[SessionRow]:
         """The open sessions and what each holds (taken under the step lock)."""

@@ -121,7 +121,8 @@ class StepCore:
     def _session_metrics(self) -> dict[str, float]:
         r = self.scheduler.retention
         out = {"sessions_open": 0 if self.sessions is None else len(self.sessions.registry),
-               "session_holds": len(r), "session_held_pages": r.held_pages()}
+               "session_holds": len(r), "session_held_pages": r.held_pages(),
+               "session_demoted_pages": r.stats.demoted_pages}
         out.update({f"session_releases_{k}": v for k, v in r.stats.released.items()})
         return out
 

@@ -122,8 +122,10 @@ BOUNDS: MappingProxyType[str, Bound] = MappingProxyType({
     "prompt_logprobs": Bound(True, low=0, high=20),
     "n": Bound(True, low=1, high=64),
     "json_indent": Bound(True, low=0),
+    "next_use_s": Bound(False, low=0, high=86400),  # seconds; a day at most
 })
-NONE_IS_OFF = ("logprobs", "prompt_logprobs", "json_indent")   # None: off / compact JSON
+# None: off / compact JSON / no next-use hint
+NONE_IS_OFF = ("logprobs", "prompt_logprobs", "json_indent", "next_use_s")
 
 # SGLang's ``sampling_params`` name -> the engine's field; names not listed are the same in both.
 SGLANG_NAMES: MappingProxyType[str, str] = MappingProxyType({

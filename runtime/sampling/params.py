@@ -61,6 +61,8 @@ class SamplingParams:
     agent: str | None = None          # accounting label (agentlang.runtime.core.agent_stats)
     session: str | None = None        # the session (agentlang.runtime.engine.sessions): its KV is
                                       # kept for the next turn; opened on first use
+    next_use_s: float | None = None   # hint: seconds until this request's continuation (its
+                                      # session's, or its tool call's) arrives (engine.sessions)
 
     def __init__(self, **kwargs: Any):
         names = {f.name: f for f in dataclasses.fields(self)}

@@ -126,11 +126,11 @@ class Scheduler:
             self.cache.unlock(req.lock_node)
         req.lock_node = node
 
-    def retain(self, req: Request, key, now: float, ttl: float) -> bool:
-        """Hold the finished ``req``'s computed KV in the cache for ``key`` (retention)."""
+    def retain(self, req: Request, key, now: float, ttl: float, gap: float | None) -> bool:
+        """Hold finished ``req``'s KV for ``key``, back in ``gap`` s (None: estimated)."""
         tokens = TokenKey.trusted(req.all_ids[: req.num_computed])
         node = self.cache.match_prefix(tokens, req.group.namespace, record=False).node
-        return self.retention.hold(key, node, now, ttl, rank=self.policy.rank(req.priority))
+        return self.retention.hold(key, node, now, ttl, gap, self.policy.rank(req.priority))
 
     def _reserve(self, req: Request, n: int, can_preempt: bool) -> bool:
         """Reserve pages for ``n`` more tokens of ``req``: evict from the cache, release session

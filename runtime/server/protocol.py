@@ -133,6 +133,7 @@ class SamplingFields(_Strict):
     agent: str | None = None                 # agentlang: per-agent accounting label
     speculative: bool | None = None          # agentlang: drafts from the context (None: server's)
     session_id: str | None = Field(None, min_length=1, max_length=256)   # also X-Session-ID
+    next_use_s: float | None = Field(None, **pydantic_bounds("next_use_s"))  # agentlang: hint
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -91,6 +91,8 @@ class SessionRegistry:
                                f"exceed session {s.id!r}'s capacity of {s.capacity} tokens",
                                status=413)
         s.last_active = time.monotonic()
+        if s.first_prompt is None:
+            s.first_prompt = prompt_len
         return s.id
 
     def find(self, namespace: Hashable, session_id: str) -> Session | None:

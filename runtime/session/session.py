@@ -61,6 +61,9 @@ class Session:
     timeout: float | None             # idle seconds until it closes itself
     last_active: float                # time.monotonic() of the latest turn
     turns: dict[str, Turn] = field(default_factory=dict)
+    first_prompt: int | None = None   # tokens of its first request's prompt (left plain LRU
+    #                                   when it closes: maybe shared, e.g. a system prompt)
+    next_use_s: float | None = None   # a next-use hint sent while no turn had finished yet
 
     def assemble(self, turn: TurnParams, new_ids: list[int], max_tokens: int, rid: str,
                  bos_id: int | None) -> tuple[list[int], list[str]]:

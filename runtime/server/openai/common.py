@@ -29,7 +29,7 @@ def base_fields(req: SamplingFields, max_tokens: int) -> dict[str, Any]:
         "stop_token_ids": req.stop_token_ids, "skip_special_tokens": req.skip_special_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "priority": req.priority, "agent": req.agent, "speculative": req.speculative,
-        "session": req.session_id,
+        "session": req.session_id, "next_use_s": req.next_use_s,
     }
 
 

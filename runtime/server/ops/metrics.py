@@ -57,6 +57,8 @@ COUNTERS = (
      "Steps run between the layers of a step in flight for higher-priority arrivals."),
     ("cow_copies", "cow_copies", "Copy-on-write page copies."),
     ("kv_evicted_pages", "evictions", "Prefix-cache pages evicted under memory pressure."),
+    ("kv_session_demoted_pages", "session_demoted_pages",
+     "KV pages of closed sessions' histories marked dead (evicted before live ones)."),
     ("kv_window_evicted_pages", "window_evictions",
      "Idle sliding-window KV pages evicted for new ones."),
     ("prompt_tokens", "prompt_tokens", "Prompt tokens submitted."),

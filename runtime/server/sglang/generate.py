@@ -7,8 +7,10 @@ batch becomes ``rid_i``); ``return_logprob``, ``logprob_start_len``, ``top_logpr
 (scalar or one per prompt); ``return_text_in_logprobs``; ``stream``; ``cache_salt`` (a
 prefix-cache namespace: prompts with different salts never share cached pages);
 ``session_params`` / ``session_id`` (:mod:`agentlang.runtime.server.sglang.sessions`). Unknown top-level keys are
-ignored, as SGLang ignores them; agentlang's one extension is a top-level ``lark_grammar`` (a
-Lark grammar constraining the output; it excludes the ``sampling_params`` constraints). Every element is checked before anything is queued: one bad
+ignored, as SGLang ignores them; agentlang's extensions are top-level: ``lark_grammar`` (a
+Lark grammar constraining the output; it excludes the ``sampling_params`` constraints),
+``priority``, ``agent``, ``program`` and ``next_use_s`` (seconds until a session turn's
+continuation: a next-use hint, :mod:`agentlang.runtime.engine.sessions`). Every element is checked before anything is queued: one bad
 element is a 400 for the whole batch.
 
 Response: ``{"text", "output_ids", "meta_info"}`` for one prompt with ``n == 1``, else a list
@@ -84,6 +86,7 @@ class GenerateRequest(_Strict):
     agent: Any = None                     # str | list[str]: accounting label (agentlang's)
     session_params: Any = None            # SGLang's: continue a turn (sglang.sessions)
     session_id: Any = None                # SGLang's: keep the KV for this session
+    next_use_s: Any = None                # agentlang's: seconds until the session continues
 
 
 def _per_prompt(value: Any, count: int, single: bool, name: str) -> list[Any]:
@@ -129,6 +132,7 @@ def _items(state: ServerState, req: GenerateRequest) -> tuple[bool, list[Item]]:
     salts = _per_prompt(req.cache_salt, n, single, "cache_salt")
     priorities = _per_prompt(req.priority, n, single, "priority")
     agents = _per_prompt(req.agent, n, single, "agent")
+    next_uses = _per_prompt(req.next_use_s, n, single, "next_use_s")
     items = []
     for i, ids in enumerate(prompts):
         at = "" if single else f"[{i}]"
@@ -173,10 +177,10 @@ def _items(state: ServerState, req: GenerateRequest) -> tuple[bool, list[Item]]:
             fields["logprobs"] = top
             if start >= 0:
                 fields["prompt_logprobs"] = 0
-        fields.update(priority=priorities[i], agent=agents[i])
+        fields.update(priority=priorities[i], agent=agents[i], next_use_s=next_uses[i])
         params = state.sampling_params(
-            fields, engine_field_names(where) | {"priority": f"priority{at}", "agent": f"agent{at}"},
-            where)
+            fields, engine_field_names(where) | {k: f"{k}{at}" for k in
+                                                 ("priority", "agent", "next_use_s")}, where)
         items.append(Item(ids, "", sampling, params, constraint, lp, start, top))
     for item, rid in zip(items, _rids(req, n, single)):
         item.rid = rid

@@ -8,6 +8,11 @@ closes the session after that many idle seconds (default: the server's, 600 s); 
 sessions (SGLang's ``--enable-streaming-session``) are not offered: ``streaming: true`` is a 400.
 ``cache_salt`` (agentlang) opens it in that tenant's namespace: it is invisible to other salts.
 
+``POST /session_hint`` ``{"session_id", "next_use_s", "cache_salt"?}`` (agentlang's): the
+session's next turn comes in about ``next_use_s`` seconds (0..86400), a next-use hint that
+orders what is released under pressure (:mod:`agentlang.runtime.engine.sessions`) → ``{"session_id",
+"held_pages"}``; 404 naming ``session_id`` for a session that is not open.
+
 ``POST|GET /close_session`` ``{"session_id", "cache_salt"?}`` → 200, empty body; its running
 turns are aborted and the KV it held is released. An unknown id is a 404 naming ``session_id``
 (SGLang logs and answers 200).
@@ -44,6 +49,12 @@ class OpenSessionRequest(_Strict):
     timeout: documented({"anyOf": [{"type": "number", "exclusiveMinimum": 0},
                                    {"type": "null"}]}) = None
     streaming: bool | None = None
+    cache_salt: documented({"anyOf": [NON_EMPTY_TEXT, {"type": "null"}]}) = None
+
+
+class SessionHintRequest(_Strict):
+    session_id: documented(NON_EMPTY_TEXT)
+    next_use_s: documented({"type": "number", "minimum": 0, "maximum": 86400})
     cache_salt: documented({"anyOf": [NON_EMPTY_TEXT, {"type": "null"}]}) = None
 
 
@@ -85,6 +96,23 @@ async def close_session(request: Request):
         raise from_value_error(SessionError("session_id", f"no open session "
                                             f"{req.session_id!r}", 404))
     return Response(status_code=200)
+
+
+@router.post("/session_hint", responses={404: SESSION_ERRORS[404]},
+             openapi_extra=json_body(SessionHintRequest))
+async def session_hint(request: Request):
+    """agentlang's: the session's next turn comes in about ``next_use_s`` seconds (e.g. once
+    the tool its last turn called is known). ``{"session_id", "held_pages"}``."""
+    state: ServerState = request.app.state.server
+    req = await parse_body(request, SessionHintRequest)
+    if not isinstance(req.session_id, str) or not req.session_id:
+        raise bad_request(f"session_id: must be a non-empty string, got {req.session_id!r}",
+                          "session_id")
+    try:
+        held = state.engine.sessions.hint(req.session_id, req.next_use_s, _salt(req.cache_salt))
+    except ValueError as e:
+        raise from_value_error(e) from None
+    return JSONResponse({"session_id": req.session_id, "held_pages": held})
 
 
 def parse_turn(value: Any) -> TurnParams:
