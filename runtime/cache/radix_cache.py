@@ -13,9 +13,8 @@ and the tree, which holds exactly one reference per page that a tree node owns.
   matching decrefs, after which the request holds no reference to any of its pages.
 * ``evict`` drops the tree's reference of the least recently used unlocked leaves.
 
-Keys: token ids are checked once where they enter (:class:`TokenKey`); a ``TokenKey`` is
-trusted, anything else is checked on each call. Eviction takes the least recently used
-unlocked leaf from a :class:`LeafQueue` (O(log n)), never walking the tree.
+Keys are checked once where they enter (:class:`TokenKey`). Eviction pops the least recently
+used unlocked leaf (:class:`LeafQueue`, O(log n)); ``demote`` puts a dead history first.
 
 Page alignment: with ``page_size > 1`` every edge holds whole pages, so matches and inserts
 cover ``len(tokens) // page_size * page_size`` tokens at most; a partially filled trailing
@@ -182,11 +181,14 @@ class RadixCache:
         return self._evict(num_pages, count=True)
 
     def demote(self, node: TreeNode, keep: int = 0) -> int:
-        """No live program will touch the history ending at ``node`` again: its own nodes
-        (:func:`own_history`, past its first ``keep`` tokens) are evicted before every other
-        until a match touches them. Returns the pages demoted."""
+        """No live program touches the history ending at ``node`` again: its own part past
+        ``keep`` tokens (:func:`own_history`) is evicted first until touched. Pages demoted."""
         self._check_node(node, "demote")
-        return sum(len(n.pages) for n in own_history(node, keep) if self._lru.demote(n))
+        own, cut = own_history(node, keep, self.page_size)
+        if cut is not None:
+            self._split(*cut)              # the node keeps the part past keep
+            own.append(cut[0])
+        return sum(len(n.pages) for n in own if self._lru.demote(n))
 
     def flush(self) -> int:
         """Evict every unlocked node; returns the pages freed. Not counted as evictions."""
@@ -233,8 +235,7 @@ class RadixCache:
             "pages_total": a.num_pages, "pages_used": a.num_used, "pages_free": a.num_free,
         }
 
-    def roots(self) -> dict[Hashable, TreeNode]:
-        """The root node of each namespace (read-only view, for inspection and drawing)."""
+    def roots(self) -> dict[Hashable, TreeNode]:   # each namespace's root (a copy: to draw)
         return dict(self._roots)
 
     def check_integrity(self) -> None:

@@ -116,23 +116,28 @@ def subtree(root: TreeNode) -> Iterator[TreeNode]:
         stack.extend(node.children.values())
 
 
-def own_history(node: TreeNode, keep: int = 0) -> list[TreeNode]:
+def own_history(node: TreeNode, keep: int = 0, page_size: int = 1
+                ) -> tuple[list[TreeNode], tuple[TreeNode, int] | None]:
     """The nodes only the history ending at ``node`` uses, deepest first: from ``node`` up to
     the first node with another child (a branch point: other histories use it) or starting
-    within the history's first ``keep`` tokens (e.g. a prompt others may share). Empty when
-    ``node`` has children of its own."""
+    within the history's first ``keep`` tokens (e.g. a prompt others may share); and the node
+    that straddles ``keep``, if it is also the history's own, with the page-aligned offset
+    past ``keep`` to cut it at (None: no such node). Nothing when ``node`` has children."""
     path = []
     while node.parent is not None:
         path.append(node)
         node = node.parent
     end, below, out = sum(len(n.key) for n in path), None, []
     for n in path:
-        if end - len(n.key) < keep or any(c is not below for c in n.children.values()):
-            break
-        end -= len(n.key)
+        if any(c is not below for c in n.children.values()):
+            return out, None
+        start = end - len(n.key)
+        if start < keep:
+            cut = -(-(keep - start) // page_size) * page_size
+            return out, ((n, cut) if cut < len(n.key) else None)
         out.append(n)
-        below = n
-    return out
+        end, below = start, n
+    return out, None
 
 
 class TreeCensus(NamedTuple):

@@ -351,3 +351,34 @@ def test_token_keys_are_checked_once():
     assert cache.match_prefix(key).length == 3
     with pytest.raises(ValueError, match="test: tokens must be non-negative ints"):
         TokenKey.check([1, -2], "test")
+
+
+def test_a_demoted_history_goes_before_every_live_leaf_until_touched():
+    """``demote``: the history's own nodes (below the branch point, past ``keep`` tokens) are
+    evicted first, in their old LRU order among themselves; a match makes them live again."""
+    alloc, cache = make(page_size=2)
+    shared = [1, 2, 3, 4]
+    a, b, c = shared + [10, 11, 12, 13], shared + [20, 21, 22, 23], [30, 31, 32, 33]
+    for toks in (a, b, c):                     # a is the least recently used
+        cache_request(cache, toks)
+    node_b = cache.match_prefix(b, record=False).node
+    assert cache.demote(node_b, keep=len(shared)) == 2      # b's own 4 tokens, not the shared
+    cache.check_integrity()
+    cache.evict(1)
+    assert cache.match_prefix(b, record=False).length == 4  # b's own part went first
+    assert cache.match_prefix(a, record=False).length == 8  # a (older, live) stayed
+    # keep covers the whole history: nothing demoted; a node with children: nothing either
+    node_a = cache.match_prefix(a, record=False).node
+    assert cache.demote(node_a, keep=8) == 0
+    parent = cache.match_prefix(shared, record=False).node
+    assert cache.demote(parent) == 0
+    # demoted, then touched: live again (c demoted, then matched: a is evicted before it)
+    node_c = cache.match_prefix(c, record=False).node
+    assert cache.demote(node_c) == 2 and cache.demote(node_c) == 0     # once
+    cache.match_prefix(c)
+    cache.evict(1)
+    assert cache.match_prefix(c, record=False).length == 4
+    assert cache.match_prefix(a, record=False).length == 4  # a's own part: the LRU live leaf
+    cache.check_integrity()
+    with pytest.raises(ValueError, match="demote"):
+        cache.demote("not a node")

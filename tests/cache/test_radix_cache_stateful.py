@@ -181,6 +181,12 @@ def make_machine(page_size: int, num_pages: int):
             with pytest.raises(ValueError, match="already freed"):
                 req.table.free()
 
+        @rule(tokens=keys, ns=st.sampled_from(NAMESPACES), keep=st.integers(0, 12))
+        def demote(self, tokens, ns, keep):
+            m = self.cache.match_prefix(tokens, ns, record=False)
+            if m.node.parent is not None:
+                self.cache.demote(m.node, keep)
+
         @rule()
         def flush(self):
             self.cache.flush()

@@ -156,3 +156,36 @@ def test_pressure_from_an_admission_releases_only_lower_ranked_holds():
     assert not ret.release_for_pages(below_rank=5)
     assert ret.release_for_pages()                        # a running request: any hold
     assert len(ret) == 0
+
+
+def test_a_hint_after_the_turn_moves_the_hold_in_the_release_order():
+    _, cache, ret = make()
+    a, b = finish(cache, history(1)), finish(cache, history(2))
+    ret.hold("a", a, now=0.0, ttl=60.0, expected_gap=90.0)   # a hint past the TTL is kept
+    ret.hold("b", b, now=0.0, ttl=60.0, expected_gap=10.0)
+    assert ret.held("a").expected_back == pytest.approx(90.0)
+    assert ret.rehint("a", now=5.0, gap=1.0).expected_back == pytest.approx(6.0)
+    assert ret.held("a").expires == pytest.approx(60.0)      # the TTL does not move
+    assert ret.rehint("missing", now=5.0, gap=1.0) is None
+    ret.release_for_pages()
+    assert ret.held("b") is None and ret.held("a") is not None   # b is now back last
+
+
+def test_forgetting_a_closed_key_demotes_its_history_past_the_first_prompt():
+    """A closed session's history is dead: evicted before older live entries; its first
+    ``keep`` tokens (a prompt others may share) stay in plain LRU order."""
+    _, cache, ret = make(page_size=2)
+    old = finish(cache, [5, 5, 5, 5, 5, 5])            # the least recently used live entry
+    a = finish(cache, history(1, n=8))
+    ret.hold("a", a, now=0.0, ttl=60.0)
+    assert ret.forget("a", keep=3) == 2                # tokens 4..8 of its 8 (page-aligned)
+    assert ret.stats.demoted_pages == 2 and ret.stats.released["closed"] == 1
+    cache.evict(1)
+    assert cache.match_prefix(history(1, n=8), record=False).length == 4   # its own part went
+    assert cache.match_prefix([5] * 6, record=False).length == 6           # live: kept
+    b = finish(cache, history(2))
+    ret.hold("b", b, now=0.0, ttl=60.0)
+    assert ret.forget("b") == 0                         # no first prompt known: plain LRU
+    assert ret.forget("never-held", keep=0) == 0
+    cache.check_integrity()
+    del old

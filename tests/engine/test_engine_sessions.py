@@ -25,7 +25,7 @@ def greedy(n=8, **kw):
 
 
 def make(model_path, **kw):
-    return Engine(model_path, page_size=16, num_pages=40, **kw)
+    return Engine(model_path, page_size=16, **{"num_pages": 40, **kw})
 
 
 def run_agents(eng, with_session: bool):
@@ -125,3 +125,70 @@ def test_sessions_are_per_namespace(eng):
     assert e.value.status == 404
     assert not eng.sessions.close(sid)                        # no salt: another namespace
     assert eng.sessions.close(sid, cache_salt="tenant-a")
+
+
+def held(eng):
+    """{session id: pages its hold keeps} of the sessions holding something."""
+    return {r.id: r.held_pages for r in eng.sessions.rows() if r.held_pages}
+
+
+def test_next_use_hints_order_what_pressure_releases(model_path):
+    """Under pressure the session expected back last loses its hold first: by the request's
+    ``next_use_s``, or by a hint sent after the turn (which overrides it)."""
+    for hinted_after in (False, True):
+        eng = make(model_path, session_max_fraction=1.0)
+        soon, later = (100.0, 1.0) if hinted_after else (1.0, 100.0)
+        eng.generate(history(0), greedy(session="soon", next_use_s=soon))
+        eng.generate(history(1), greedy(session="later", next_use_s=later))
+        if hinted_after:
+            assert eng.sessions.hint("soon", 2.0) > 0 and eng.sessions.hint("later", 60.0) > 0
+        assert set(held(eng)) == {"soon", "later"}
+        out = eng.generate(history(3), greedy(priority=10))    # needs one hold's pages
+        assert out.error is None
+        assert set(held(eng)) == {"soon"}, hinted_after
+        assert eng.metrics()["session_releases_pressure"] == 1
+        eng.cache.check_integrity()
+
+
+def test_a_hint_before_the_turn_ends_applies_to_its_hold_and_bad_hints_are_named(model_path):
+    eng = make(model_path)
+    sid = eng.sessions.open("early")
+    assert eng.sessions.hint(sid, 7.5) == 0                    # nothing held yet
+    t0 = time.monotonic()
+    eng.generate(history(0), greedy(session=sid))
+    h = eng.scheduler.retention.holds()[0]
+    assert h.expected_back - t0 == pytest.approx(7.5, abs=2.0)   # not the default ttl / 2
+    with pytest.raises(SessionError, match="session_id: no open session") as e:
+        eng.sessions.hint("nobody", 1.0)
+    assert e.value.status == 404
+    for bad in (-1, 1e9, "soon", None):
+        with pytest.raises(ValueError, match=r"next_use_s: must be in \[0, 86400\]"):
+            eng.sessions.hint(sid, bad)
+    with pytest.raises(ValueError, match="next_use_s: must be in"):
+        greedy(next_use_s=-3)
+    with pytest.raises(ValueError, match="next_use_s: a hint for a request whose KV is kept"):
+        eng.generate(history(1), greedy(next_use_s=3.0))       # no session, no tools
+    assert not eng.scheduler.has_work
+    assert eng.sessions.close(sid)
+
+
+def test_closing_a_session_demotes_its_history_but_not_its_first_prompt(model_path):
+    eng = make(model_path, num_pages=80)
+    ns = eng.builder.namespace(None)
+    live = eng.generate(history(1), greedy())                  # an older live entry
+    first = eng.generate(history(0), greedy(session="done"))
+    follow = history(0) + first.outputs[0].text + " Observation: found it." * 8
+    second = eng.generate(follow, greedy(24, session="done"))
+    assert eng.sessions.close("done")
+    demoted = eng.metrics()["session_demoted_pages"]
+    assert demoted >= 1
+    eng.cache.evict(demoted)                                   # exactly the dead pages go
+
+    def hit(out):
+        return eng.cache.match_prefix(out.prompt_token_ids, ns, record=False).length
+
+    n_first = len(first.prompt_token_ids)
+    assert hit(live) == len(live.prompt_token_ids) // 16 * 16  # the older live entry: whole
+    assert hit(first) == n_first // 16 * 16                    # the first prompt stays
+    assert hit(second) == -(-n_first // 16) * 16               # the rest of the history went
+    eng.cache.check_integrity()

@@ -89,3 +89,117 @@ def test_endpoint_runs_without_a_session_when_the_server_is_at_its_limit(model_p
     gens = [b for p, b in calls if p == "/generate"]
     assert [("session_id" in b) for b in gens] == [True, False]    # refused, then retried
     assert calls[-1][0] == "/close_session"                          # best effort, no error
+
+
+def test_a_tools_expected_duration_reaches_the_runs_hold(runtime):
+    """Before a tool runs, the DSL tells the backend when the run will generate again
+    (the tool's declared ``expected_s``, else its mean so far): the run's hold is expected back
+    then, which orders releases under pressure. When the run ends its history is demoted."""
+    import time
+
+    engine = runtime.engine
+    seen = []
+
+    @al.tool(expected_s=42.0)
+    def search(query: str) -> str:
+        """Search the web."""
+        now = time.monotonic()
+        seen.append([h.expected_back - now for h in engine.scheduler.retention.holds()])
+        return "two routes"
+
+    @al.tool
+    def read(url: str) -> str:
+        """Read a page."""
+        time.sleep(0.3)
+        now = time.monotonic()
+        seen.append([h.expected_back - now for h in engine.scheduler.retention.holds()])
+        return "a page"
+
+    @al.function
+    def agent(s, tool):
+        s += al.system(HISTORY)
+        s += al.user("Plan a trip.")
+        s += al.assistant(al.tool_call(tool, name="r", max_tokens=40, temperature=0))
+        s += al.user("Result: " + al.gen("next", max_tokens=32, temperature=0, ignore_eos=True))
+
+    demoted = engine.metrics()["session_demoted_pages"]
+    agent.run(tool=search, backend=runtime)
+    assert len(seen) == 1 and seen[0] and seen[0][0] == pytest.approx(42.0, abs=5.0)
+    assert engine.metrics()["session_demoted_pages"] > demoted       # the run ended
+    seen.clear()
+    agent.run(tool=read, backend=runtime)          # first run: no duration known, no hint
+    agent.run(tool=read, backend=runtime)          # second: its measured ~0.3 s
+    assert read.expected_duration() == pytest.approx(0.3, abs=0.2)
+    assert seen[1] and -0.5 < seen[1][0] < 0.5, seen
+    assert not (-0.5 < seen[0][0] < 0.5), seen     # the default (ttl / 2) before any run
+    engine.flush_cache()
+    engine.cache.check_integrity()
+
+
+def test_hints_reach_the_backend_and_bad_durations_are_refused():
+    calls = []
+
+    class Recording(al.Mock):
+        def next_use(self, run_id, seconds):
+            calls.append((run_id, seconds))
+
+    @al.tool(expected_s=3.0)
+    def wait(seconds: int) -> str:
+        """Wait."""
+        return "done"
+
+    @al.function
+    def prog(s):
+        s += al.user("go")
+        s += al.assistant(al.tool_call(wait, name="r"))
+
+    prog.run(backend=Recording())
+    assert [c[1] for c in calls] == [3.0] and calls[0][0]
+    with pytest.raises(ValueError, match=r"expected_s: must be in \[0, 86400\]"):
+        al.tool(expected_s=-1)(lambda x: x)
+
+
+def test_the_endpoint_sends_hints_to_servers_that_take_them(model_path):
+    """``RuntimeEndpoint.next_use``: ``/session_hint`` for the run's session; a server without
+    the route (SGLang's 404 ``Not Found``) is not asked again; nothing raises."""
+    import json
+
+    import httpx
+
+    @al.tool(expected_s=2.0)
+    def ping(host: str) -> str:
+        """Ping a host."""
+        return "pong"
+
+    @al.function
+    def prog(s):
+        s += al.user("go")
+        s += al.assistant(al.tool_call(ping, name="r"))
+
+    for has_route in (True, False):
+        calls = []
+
+        def server(request: httpx.Request) -> httpx.Response:
+            body = json.loads(request.content) if request.content else {}
+            calls.append((request.url.path, body))
+            if request.url.path == "/get_model_info":
+                return httpx.Response(200, json={"model_path": str(model_path),
+                                                 "tokenizer_path": str(model_path)})
+            if request.url.path == "/session_hint":
+                if not has_route:
+                    return httpx.Response(404, json={"detail": "Not Found"})
+                return httpx.Response(200, json={"session_id": body["session_id"],
+                                                 "held_pages": 3})
+            if request.url.path == "/close_session":
+                return httpx.Response(200)
+            return httpx.Response(200, json={
+                "text": '{"name": "ping", "arguments": {"host": "a"}}', "output_ids": [1],
+                "meta_info": {"finish_reason": {"type": "stop"}}})
+
+        backend = al.RuntimeEndpoint("http://fake", transport=httpx.MockTransport(server))
+        for _ in range(2):
+            prog.run(backend=backend)
+        hints = [b for p, b in calls if p == "/session_hint"]
+        sessions = {b["session_id"] for p, b in calls if p == "/generate"}
+        assert len(hints) == (2 if has_route else 1), calls
+        assert all(h["next_use_s"] == 2.0 and h["session_id"] in sessions for h in hints)

@@ -91,6 +91,10 @@ def test_session_id_on_openai_routes_keeps_the_agents_kv(client, http):
     ("/open_session", {"capacity_of_str_len": 100, "streaming": True}, 400, "streaming"),
     ("/close_session", {"session_id": "never-opened"}, 404, "session_id"),
     ("/close_session", {}, 400, "session_id"),
+    ("/session_hint", {"session_id": "never-opened", "next_use_s": 1}, 404, "session_id"),
+    ("/session_hint", {"next_use_s": 1}, 400, "session_id"),
+    ("/session_hint", {"session_id": "x", "next_use_s": -1}, 400, "next_use_s"),
+    ("/session_hint", {"session_id": "x", "next_use_s": "soon"}, 400, "next_use_s"),
 ])
 def test_bad_session_routes(http, path, body, status, param):
     r = http.post(path, json=body)
@@ -121,6 +125,35 @@ def test_bad_session_params_queue_nothing(http):
     r = gen(http, " fine", rid="ok2", session_params={"id": sid, "rid": "ok"})
     assert r.status_code == 200, r.text
     assert http.post("/close_session", json={"session_id": sid}).status_code == 200
+
+
+def test_next_use_hints_over_http(client, http):
+    """``next_use_s`` on the OpenAI routes and on /generate, ``/session_hint`` after the turn;
+    a bad hint is a 400 naming it, with nothing queued or held."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Go."}]
+    client.chat.completions.create(model="default", messages=messages, max_tokens=4,
+                                   temperature=0, extra_body={"session_id": "hinted",
+                                                              "next_use_s": 2.5})
+    r = http.post("/session_hint", json={"session_id": "hinted", "next_use_s": 30})
+    assert r.status_code == 200 and r.json()["session_id"] == "hinted"
+    assert r.json()["held_pages"] > 0
+    r = gen(http, "Hello", session_id="hinted-native", next_use_s=4)
+    assert r.status_code == 200, r.text
+    holds = metrics(http)["agentlang_session_holds"]
+    for path, body in [
+        ("/v1/chat/completions", {"model": "default", "messages": messages, "max_tokens": 2,
+                                  "session_id": "h2", "next_use_s": -1}),
+        ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 2,
+                             "next_use_s": 3}),                    # no session, no tools
+    ]:
+        r = http.post(path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "next_use_s", r.text
+    r = gen(http, "Hello", session_id="h3", next_use_s=10**6)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "next_use_s", r.text
+    wait_idle(http)
+    assert metrics(http)["agentlang_session_holds"] == holds
+    for sid in ("hinted", "hinted-native"):
+        assert http.post("/close_session", json={"session_id": sid}).status_code == 200
 
 
 def test_sessions_are_invisible_across_salts(http):
