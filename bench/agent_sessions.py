@@ -19,7 +19,9 @@ p99), prefill tokens computed (Σ prompt − cached over all requests, from each
 ``usage.prompt_tokens_details.cached_tokens``), *recomputed* prefill (computed minus the
 tokens no cache could have had: each turn's new tokens, the shared prompt once), and output
 tok/s. ``on``: each agent sends ``session_id: agent-<i>`` and closes its session at the end
-(``/close_session``); ``off``: no session fields.
+(``/close_session``); ``hints``: ``on`` plus a next-use hint after each answer, before its tool
+runs (``POST /session_hint`` with the tool's duration, which this load generator knows exactly:
+what a framework's duration estimates can do at best); ``off``: no session fields.
 
     python bench/agent_sessions.py [--quick] [--peers vllm]   # writes bench/results/agent_sessions.json
 """
@@ -101,7 +103,8 @@ def peak_history_tokens(tok, p: dict, turns: int) -> int:
     return SYSTEM_TOKENS + sum(per_agent)
 
 
-async def run_agents(url: str, model: str, p: dict, turns: int, sessions: bool) -> dict:
+async def run_agents(url: str, model: str, p: dict, turns: int, sessions: bool,
+                     hints: bool = False) -> dict:
     limits = httpx.Limits(max_connections=len(p["tasks"]) + 4)
     async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as c:
         async def agent(i: int) -> dict:
@@ -126,6 +129,9 @@ async def run_agents(url: str, model: str, p: dict, turns: int, sessions: bool) 
                 messages += [{"role": "assistant",
                               "content": res["choices"][0]["message"]["content"] or ""},
                              {"role": "user", "content": p["observations"][i][k]}]
+                if hints:
+                    await c.post("/session_hint", json={"session_id": f"agent-{i}",
+                                                        "next_use_s": p["sleeps"][i][k]})
                 await asyncio.sleep(p["sleeps"][i][k])
             done = time.perf_counter()
             if sessions:
@@ -193,7 +199,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--peers", nargs="*", default=[], choices=["vllm"])
     ap.add_argument("--session-max-fraction", type=float, default=0.8)
-    ap.add_argument("--modes", nargs="*", default=["off", "on"], choices=["off", "on"],
+    ap.add_argument("--modes", nargs="*", default=["off", "on"], choices=["off", "on", "hints"],
                     help="agentlang runs (none: the peers only)")
     ap.add_argument("--quick", action="store_true", help="8 agents, 3 turns, pool 1/2")
     ap.add_argument("--schedule-policies", nargs="+", default=["lpm"], choices=["lpm", "program"],
@@ -224,7 +230,8 @@ def main() -> None:
                 server = start_agentlang(tokens, args, policy)
                 try:
                     row[f"agentlang {label}"] = r = asyncio.run(
-                        run_agents(server.url, server.model, p, args.turns, mode == "on"))
+                        run_agents(server.url, server.model, p, args.turns, mode != "off",
+                                   mode == "hints"))
                 finally:
                     stop_server(server.proc)
                 _print(f"pool {frac:g} agentlang {label}", r)
@@ -238,12 +245,14 @@ def main() -> None:
                 stop_server(server.proc)
             _print(f"pool {frac:g} vLLM", r)
         on, off = row.get("agentlang sessions on"), row.get("agentlang sessions off")
-        if on and off:
-            row["on_vs_off"] = {
-                "recomputed_share": on["prefill_recomputed_tokens"]
-                / max(1, off["prefill_recomputed_tokens"]),
-                "jct_mean_speedup": off["jct_mean_s"] / on["jct_mean_s"]}
-            print(f"  pool {frac:g}: on/off {row['on_vs_off']}", flush=True)
+        for mode in ("on", "hints"):
+            this = row.get(f"agentlang sessions {mode}")
+            if this and off:
+                row[f"{mode}_vs_off"] = {
+                    "recomputed_share": this["prefill_recomputed_tokens"]
+                    / max(1, off["prefill_recomputed_tokens"]),
+                    "jct_mean_speedup": off["jct_mean_s"] / this["jct_mean_s"]}
+                print(f"  pool {frac:g}: {mode}/off {row[f'{mode}_vs_off']}", flush=True)
         if on and "vllm" in row:
             row["on_vs_vllm_jct_mean_speedup"] = row["vllm"]["jct_mean_s"] / on["jct_mean_s"]
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()}, one server at a time",
