@@ -115,6 +115,17 @@ class RuntimeEndpoint(Backend):
         self._raise_for(self.client.post("/flush_cache"))
 
     # -- interface -------------------------------------------------------------------------
+    def tool_format(self) -> str | None:
+        """The served model's call format, from ``/model_info``: agentlang's ``tool_format``,
+        else SGLang's ``tool_call_parser`` when it names a JSON format agentlang writes
+        (Hermes, Mistral, Llama 3). FunctionGemma's syntax needs the runtime's own constraint:
+        over HTTP its calls stay bare JSON objects (None)."""
+        from agentlang.runtime.grammar.tool_format import FORMATS, format_of_parser
+
+        info = self.get_model_info()
+        fmt = info.get("tool_format") or format_of_parser(info.get("tool_call_parser"))
+        return fmt if fmt in FORMATS and fmt != "agentlang" and not FORMATS[fmt].gemma else None
+
     def chat_template(self) -> ChatTemplate:
         info = self.get_model_info()
         with self._lock:

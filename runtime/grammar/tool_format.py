@@ -36,6 +36,7 @@ class ToolFormat:
     tail: str              # after the arguments object's closing brace
     gemma: bool = False    # FunctionGemma's call:NAME{k:v} instead of a JSON object
     stops: tuple[str, ...] = ()   # text that ends the answer (the tool's turn)
+    sglang: tuple[str, ...] = ()  # SGLang's --tool-call-parser names for it (first: reported)
 
     def begin(self, name: str) -> str:
         if self.gemma:
@@ -62,13 +63,23 @@ class ToolFormat:
 
 FORMATS = {f.name: f for f in (
     ToolFormat("agentlang", "<tool_call>", "<tool_call>", "arguments", "</tool_call>"),
-    ToolFormat("hermes", "<tool_call>", "<tool_call>\n", "arguments", "\n</tool_call>"),
-    ToolFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS][", "arguments", "]"),
-    ToolFormat("llama3_json", '{"name": ', "", "parameters", ""),
+    ToolFormat("hermes", "<tool_call>", "<tool_call>\n", "arguments", "\n</tool_call>",
+               sglang=("qwen25", "qwen")),
+    ToolFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS][", "arguments", "]", sglang=("mistral",)),
+    ToolFormat("llama3_json", '{"name": ', "", "parameters", "", sglang=("llama3",)),
     ToolFormat("functiongemma", "<start_function_call>", "<start_function_call>", "",
                "<end_function_call>", gemma=True, stops=("<start_function_response>",)),
 )}
 REASONING = {"think": ("<think>", "</think>\n\n")}     # begin, end as Qwen3's template writes them
+SGLANG_REASONING = {"think": "qwen3"}                   # SGLang's --reasoning-parser name
+
+
+def format_of_parser(name: object) -> str | None:
+    """The format a server's advertised tool-call parser names (SGLang's ``tool_call_parser``
+    of ``/model_info``, e.g. ``"qwen25"``, or a key of :data:`FORMATS`); None if unknown."""
+    if name in FORMATS:
+        return str(name)
+    return next((f.name for f in FORMATS.values() if name in f.sglang), None)
 
 
 def structural_tag(fmt: str, tools: list[dict], forced: bool, reasoning: str | None,

@@ -125,6 +125,41 @@ def test_a_thinking_models_answer_is_constrained_after_its_block(family):
     jsonschema.validate(json.loads(off.choices[0].message.content), ANSWER)
 
 
+def test_the_dsl_writes_calls_in_the_familys_format_over_http(family):
+    """``/model_info`` names the family (SGLang's ``tool_call_parser`` / ``reasoning_parser``
+    and agentlang's ``tool_format``); ``al.RuntimeEndpoint`` reads it and the DSL writes its
+    calls in that format (FunctionGemma's, not JSON, stays a bare JSON object over HTTP)."""
+    import agentlang as al
+
+    name, _, srv = family
+    info = httpx.get(srv.url + "/model_info").json()
+    fmt = {"hermes_think": "hermes"}.get(name, name)
+    assert info["tool_format"] == fmt
+    assert info["tool_call_parser"] == {"hermes_think": "qwen25", "mistral": "mistral",
+                                        "llama3_json": "llama3"}.get(name)
+    assert info["reasoning_parser"] == ("qwen3" if name == "hermes_think" else None)
+    backend = al.RuntimeEndpoint(srv.url)
+    assert backend.tool_format() == (None if name == "functiongemma" else fmt)
+
+    @al.tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @al.function
+    def prog(s):
+        s += al.user("What is 2 + 40?")
+        s += al.assistant(al.tool_call(add, name="result", max_tokens=40, temperature=0))
+
+    st = prog.run(backend=backend)
+    head = {"hermes_think": '<tool_call>\n{"name":"add","arguments":',
+            "mistral": '[TOOL_CALLS][{"name":"add","arguments":',
+            "llama3_json": '{"name":"add","parameters":',
+            "functiongemma": '{"name":"add","arguments":'}[name]
+    assert head in st.text(), st.text()
+    assert st["result"] == add(**st.get_meta_info("result")["arguments"])
+
+
 def test_the_familys_template_renders_tools_and_calls_as_hf_does(dirs):
     """What the route renders is HF's ``apply_chat_template`` of the same conversation with
     ``tools``: the assistant's calls kept structured for the template."""

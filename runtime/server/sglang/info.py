@@ -9,7 +9,9 @@ client that does not know them ignores them.
 
 - ``GET /model_info``: ``model_path``, ``served_model_name``, ``tokenizer_path``,
   ``is_generation``, ``preferred_sampling_params``, ``weight_version``, ``load_format``,
-  ``reasoning_parser``, ``tool_call_parser``, ``disaggregation_mode``,
+  ``reasoning_parser``, ``tool_call_parser`` (SGLang's parser names for the served template's
+  family: ``qwen3``; ``qwen25``, ``mistral``, ``llama3``; agentlang's own ``tool_format`` names
+  the format exactly), ``disaggregation_mode``,
   ``has_image_understanding``, ``has_audio_understanding``, ``model_type``, ``architectures``.
 - ``GET /server_info``: the server's resolved settings under SGLang's argument names
   (``model_path``, ``tokenizer_path``, ``served_model_name``, ``context_length``,
@@ -31,6 +33,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from agentlang.runtime.grammar.tool_format import FORMATS, SGLANG_REASONING
 from agentlang.runtime.models.kv_plan import describe_engine
 from agentlang.runtime.sampling.params import SamplingParams
 from agentlang.runtime.server.state import ServerState
@@ -54,6 +57,7 @@ def model_info(state: ServerState) -> dict[str, Any]:
     mc, pool = e.model_config, e.pool
     hf = _hf_config(e.hf_dir)
     path = str(e.hf_dir)
+    fmt = state.family.tool_format if state.family.native_tools else None
     return {
         # SGLang 0.5.23's fields
         "model_path": path,
@@ -63,14 +67,15 @@ def model_info(state: ServerState) -> dict[str, Any]:
         "preferred_sampling_params": None,
         "weight_version": "default",
         "load_format": "auto",
-        "reasoning_parser": None,
-        "tool_call_parser": None,
+        "reasoning_parser": SGLANG_REASONING.get(state.family.reasoning),
+        "tool_call_parser": next(iter(FORMATS[fmt].sglang), None) if fmt else None,
         "disaggregation_mode": "null",
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": hf.get("model_type"),
         "architectures": hf.get("architectures") or [mc.architecture],
         # agentlang's
+        "tool_format": fmt,                  # grammar.tool_format.FORMATS key (None: own prompt)
         "model_name": state.served_model_name,
         "weights_path": str(e.model_path),   # the weights as loaded (a .gguf file or model_path)
         "max_context": e.max_context,
