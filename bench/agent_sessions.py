@@ -202,7 +202,8 @@ def main() -> None:
     ap.add_argument("--modes", nargs="*", default=["off", "on"], choices=["off", "on", "hints"],
                     help="agentlang runs (none: the peers only)")
     ap.add_argument("--quick", action="store_true", help="8 agents, 3 turns, pool 1/2")
-    ap.add_argument("--schedule-policies", nargs="+", default=["lpm"], choices=["lpm", "program"],
+    ap.add_argument("--schedule-policies", nargs="+", default=["lpm"],
+                    choices=["lpm", "program", "continue"],
                     help="agentlang's --schedule-policy, each its own run (program: Autellix's "
                          "least-served program first; results keyed '... (program)')")
     ap.add_argument("--out")

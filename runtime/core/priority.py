@@ -47,11 +47,13 @@ aging lifts a waiting one to ``top`` as above. With equal priorities no step is 
 scheduling is exactly as without priorities.
 
 Admission order of waiting requests (:meth:`PriorityPolicy.admission_key`), rule by rule:
-(1) higher effective priority (priority + aging); (2) with ``program_first`` (the
-``program`` schedule policy) the request whose program has received less service so far
-(:mod:`agentlang.runtime.core.program_service`, Autellix's PLAS rule); (3) longer cached prefix;
-(4) arrival. Running requests are not reordered by it (they run oldest admission first), and
-preemption stays by priority only.
+(1) higher effective priority (priority + aging); (2) with the ``program`` schedule policy
+the request whose program has received less service so far
+(:mod:`agentlang.runtime.core.program_service`, Autellix's PLAS rule), with ``continue`` the
+one whose program has received more (programs under way finish first; aging still admits a
+new one that waited ``age_steps`` steps); (3) longer cached prefix; (4) arrival. Running
+requests are not reordered by it (they run oldest admission first), and preemption stays by
+priority only.
 
 Breaks between layers (``agentlang.runtime.engine.layer_break``; the step in flight): a request arriving while
 a step runs is served between its layers if its rank is above the lowest effective priority
@@ -65,7 +67,7 @@ from itertools import chain
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentlang.runtime.core.program_service import ProgramService
+from agentlang.runtime.core.program_service import PROGRAM_ORDER, ProgramService
 
 PRIORITY_MIN = -(2 ** 31)
 PRIORITY_MAX = 2 ** 31 - 1
@@ -95,7 +97,7 @@ class Prioritized(Protocol):
 class PriorityPolicy:
     low_values_first: bool = False
     age_steps: int = 64
-    program_first: bool = False           # rule (2) of the admission order (module doc)
+    schedule_policy: str = "lpm"          # rule (2): PROGRAM_ORDER of it (module doc)
     service: ProgramService = field(default_factory=ProgramService, compare=False)
 
     def __post_init__(self) -> None:
@@ -112,14 +114,16 @@ class PriorityPolicy:
 
     def admission_key(self, req: Prioritized, cached_tokens: int) -> tuple[int, int, int]:
         """Sort key of a waiting request (ascending = admitted first): effective priority,
-        then (``program_first``) its program's attained service, then longest cached prefix;
-        a stable sort keeps arrival order among equals."""
-        served = self.service.attained(req) if self.program_first else 0
+        then (policy ``program`` / ``continue``) its program's attained service (ascending /
+        descending), then longest cached prefix; a stable sort keeps arrival order."""
+        order = PROGRAM_ORDER[self.schedule_policy]
+        served = order * self.service.attained(req) if order else 0
         return (-self.effective(req), served, -cached_tokens)
 
     def charge(self, req: Prioritized, tokens: int) -> None:
-        """A step runs ``tokens`` of ``req``: its program's service grows (``program_first``)."""
-        if self.program_first:
+        """A step runs ``tokens`` of ``req``: its program's service grows (policies
+        ``program`` and ``continue``)."""
+        if PROGRAM_ORDER[self.schedule_policy]:
             self.service.charge(req, tokens)
 
     def victim(self, running: Iterable[Prioritized], below: int | None = None

@@ -5,8 +5,8 @@ Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_bat
 1. every running request with uncomputed tokens, oldest admission first — decodes cost one
    token, an unfinished (chunked) prefill takes what budget is left;
 2. waiting requests by effective priority (``core.priority``: priority plus one per
-   ``max_wait_steps`` steps waited, the aging rule), then (policy ``program``) least-served
-   program, then longest cached prefix, up to ``max_running``; one that outranks a running
+   ``max_wait_steps`` steps waited, the aging rule), then (policy ``program`` / ``continue``)
+   least / most served program, then longest cached prefix, up to ``max_running``; one that outranks a running
    request may take one of ``urgent_slots`` slots above it, and only when those or the pages
    are taken preempts running ones of lower effective priority. A waiting request whose
    uncached prompt overlaps a prefill in flight waits a step (a shared prefix is computed once).
@@ -51,8 +51,8 @@ class SchedulerConfig:
     low_priority_values_first: bool = False
     max_lower_priority_tokens: int = 8   # lower-priority tokens in an urgent step
     urgent_slots: int = 4   # running above max_running for requests that outrank a running one
-    retain_max_pages: int = 0   # pages session holds may keep (agentlang.runtime.cache.retention)
-    schedule_policy: str = "lpm"   # "program": least-served program first (core/program_service)
+    retain_max_pages: int = 0   # pages session holds may keep (cache.retention)
+    schedule_policy: str = "lpm"   # or "program" / "continue" (core.program_service)
 
 
 class Scheduler:
@@ -65,7 +65,7 @@ class Scheduler:
         self.copy_fn = copy_fn
         self.table_stats = PageTableStats()
         self.policy = PriorityPolicy(cfg.low_priority_values_first, cfg.max_wait_steps,
-                                     cfg.schedule_policy == "program")
+                                     cfg.schedule_policy)
         self.retention = Retention(cache, cfg.retain_max_pages)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

@@ -38,6 +38,25 @@ def test_least_served_program_first():
     assert second_turns("lpm") == "a first"          # arrival order, as before
 
 
+def test_continue_puts_programs_under_way_first():
+    """``continue``: a served program's next call goes before a new program's first one,
+    even one that arrived earlier (lpm and program: arrival / least served: the new one)."""
+    def order(policy):
+        h = StepHarness(page_size=PS, max_running=1, schedule_policy=policy)
+        a1 = h.submit(prompt(1), max_tokens=20, ignore_eos=True, agent="a")
+        h.step()
+        b1 = h.submit(prompt(3), max_tokens=4, ignore_eos=True, agent="b")
+        a2 = h.submit(prompt(2), max_tokens=4, ignore_eos=True, agent="a")
+        h.run()
+        for g, k, n in ((a1, 1, 20), (a2, 2, 4), (b1, 3, 4)):
+            assert g.children[0].output_ids == expected_tokens(prompt(k), n)
+        h.assert_no_leak()
+        return "a first" if a2.admit_time < b1.admit_time else "b first"
+
+    assert order("continue") == "a first"
+    assert order("lpm") == order("program") == "b first"
+
+
 def test_priority_comes_before_service():
     assert second_turns("program", b_priority=-1) == "a first"
 
@@ -62,5 +81,5 @@ def test_program_keys_and_the_bound():
 
 
 def test_bad_policy_is_named():
-    with pytest.raises(ValueError, match="schedule_policy must be one of lpm, program"):
+    with pytest.raises(ValueError, match="schedule_policy must be one of lpm, program, continue"):
         Engine(schedule_policy="fifo")
