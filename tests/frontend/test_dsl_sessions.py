@@ -58,12 +58,12 @@ def al_params(**kw):
     return SamplingParams(temperature=0, **kw)
 
 
-def test_endpoint_runs_without_a_session_when_the_server_is_at_its_limit(model_path):
+def _fake_server(model_path, calls: list, answer):
+    """A transport for ``RuntimeEndpoint``: records ``(path, body)`` in ``calls``, answers
+    ``/get_model_info`` with ``model_path`` and every other request with ``answer(path, body)``."""
     import json
 
     import httpx
-
-    calls = []
 
     def server(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else {}
@@ -71,14 +71,24 @@ def test_endpoint_runs_without_a_session_when_the_server_is_at_its_limit(model_p
         if request.url.path == "/get_model_info":
             return httpx.Response(200, json={"model_path": str(model_path),
                                              "tokenizer_path": str(model_path)})
-        if request.url.path == "/close_session":
+        return answer(request.url.path, body)
+    return httpx.MockTransport(server)
+
+
+def test_endpoint_runs_without_a_session_when_the_server_is_at_its_limit(model_path):
+    import httpx
+
+    calls = []
+
+    def answer(path: str, body: dict) -> httpx.Response:
+        if path == "/close_session":
             return httpx.Response(404, json={"error": {"message": "no open session"}})
         if "session_id" in body:
             return httpx.Response(429, json={"error": {"message": "1024 sessions are open"}})
         return httpx.Response(200, json={"text": "fine", "output_ids": [1],
                                          "meta_info": {"finish_reason": {"type": "stop"}}})
 
-    backend = al.RuntimeEndpoint("http://fake", transport=httpx.MockTransport(server))
+    backend = al.RuntimeEndpoint("http://fake", transport=_fake_server(model_path, calls, answer))
 
     @al.function
     def prog(s):
@@ -136,37 +146,9 @@ def test_a_tools_expected_duration_reaches_the_runs_hold(runtime):
     engine.cache.check_integrity()
 
 
-def test_hints_reach_the_backend_and_bad_durations_are_refused():
-    calls = []
-
-    class Recording(al.Mock):
-        def next_use(self, run_id, seconds):
-            calls.append((run_id, seconds))
-
-    @al.tool(expected_s=3.0)
-    def wait(seconds: int) -> str:
-        """Wait."""
-        return "done"
-
-    @al.function
-    def prog(s):
-        s += al.user("go")
-        s += al.assistant(al.tool_call(wait, name="r"))
-
-    prog.run(backend=Recording())
-    assert [c[1] for c in calls] == [3.0] and calls[0][0]
-    with pytest.raises(ValueError, match=r"expected_s: must be in \[0, 86400\]"):
-        al.tool(expected_s=-1)(lambda x: x)
-
-
-def test_the_endpoint_sends_hints_to_servers_that_take_them(model_path):
-    """``RuntimeEndpoint.next_use``: ``/session_hint`` for the run's session; a server without
-    the route (SGLang's 404 ``Not Found``) is not asked again; nothing raises."""
-    import json
-
-    import httpx
-
-    @al.tool(expected_s=2.0)
+def _one_tool_call(expected_s: float):
+    """A program of one turn that calls ``ping``, a tool expected to take ``expected_s``."""
+    @al.tool(expected_s=expected_s)
     def ping(host: str) -> str:
         """Ping a host."""
         return "pong"
@@ -175,28 +157,45 @@ def test_the_endpoint_sends_hints_to_servers_that_take_them(model_path):
     def prog(s):
         s += al.user("go")
         s += al.assistant(al.tool_call(ping, name="r"))
+    return prog
+
+
+def test_hints_reach_the_backend_and_bad_durations_are_refused():
+    calls = []
+
+    class Recording(al.Mock):
+        def next_use(self, run_id, seconds):
+            calls.append((run_id, seconds))
+
+    _one_tool_call(3.0).run(backend=Recording())
+    assert [c[1] for c in calls] == [3.0] and calls[0][0]
+    with pytest.raises(ValueError, match=r"expected_s: must be in \[0, 86400\]"):
+        al.tool(expected_s=-1)(lambda x: x)
+
+
+def test_the_endpoint_sends_hints_to_servers_that_take_them(model_path):
+    """``RuntimeEndpoint.next_use``: ``/session_hint`` for the run's session; a server without
+    the route (SGLang's 404 ``Not Found``) is not asked again; nothing raises."""
+    import httpx
+
+    prog = _one_tool_call(2.0)
 
     for has_route in (True, False):
         calls = []
 
-        def server(request: httpx.Request) -> httpx.Response:
-            body = json.loads(request.content) if request.content else {}
-            calls.append((request.url.path, body))
-            if request.url.path == "/get_model_info":
-                return httpx.Response(200, json={"model_path": str(model_path),
-                                                 "tokenizer_path": str(model_path)})
-            if request.url.path == "/session_hint":
+        def answer(path: str, body: dict, has_route=has_route) -> httpx.Response:
+            if path == "/session_hint":
                 if not has_route:
                     return httpx.Response(404, json={"detail": "Not Found"})
                 return httpx.Response(200, json={"session_id": body["session_id"],
                                                  "held_pages": 3})
-            if request.url.path == "/close_session":
+            if path == "/close_session":
                 return httpx.Response(200)
             return httpx.Response(200, json={
                 "text": '{"name": "ping", "arguments": {"host": "a"}}', "output_ids": [1],
                 "meta_info": {"finish_reason": {"type": "stop"}}})
 
-        backend = al.RuntimeEndpoint("http://fake", transport=httpx.MockTransport(server))
+        backend = al.RuntimeEndpoint("http://fake", transport=_fake_server(model_path, calls, answer))
         for _ in range(2):
             prog.run(backend=backend)
         hints = [b for p, b in calls if p == "/session_hint"]
