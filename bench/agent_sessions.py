@@ -203,7 +203,7 @@ def main() -> None:
                     help="agentlang runs (none: the peers only)")
     ap.add_argument("--quick", action="store_true", help="8 agents, 3 turns, pool 1/2")
     ap.add_argument("--schedule-policies", nargs="+", default=["lpm"],
-                    choices=["lpm", "program", "continue"],
+                    choices=["lpm", "program", "continue", "live"],
                     help="agentlang's --schedule-policy, each its own run (program: Autellix's "
                          "least-served program first; results keyed '... (program)')")
     ap.add_argument("--out")

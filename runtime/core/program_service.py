@@ -13,7 +13,9 @@ charged forgotten first — a forgotten program starts again from zero, as a new
 The ``continue`` policy reads the same accounts the other way round: the program that has
 received the *most* service goes first, so programs under way finish before new ones start
 (for programs of equal length that is shortest-remaining-first: the mean completion time
-falls, and fewer histories are live at once).
+falls, and fewer histories are live at once). ``live`` is ``continue`` plus a limit on the
+programs whose KV is in the pool at once, learnt from memory pressure
+(``agentlang.runtime.scheduler.live_programs``).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from collections.abc import Hashable
 from typing import Any
 
 MAX_PROGRAMS = 4096
-# longest cached prefix first | least-served program first | most-served program first
-SCHEDULE_POLICIES = ("lpm", "program", "continue")
-PROGRAM_ORDER = {"lpm": 0, "program": 1, "continue": -1}   # PriorityPolicy.program_order
+# longest cached prefix first | least-served program first | most-served program first |
+# most-served first and at most as many live programs as fit (scheduler.live_programs)
+SCHEDULE_POLICIES = ("lpm", "program", "continue", "live")
+PROGRAM_ORDER = {"lpm": 0, "program": 1, "continue": -1, "live": -1}   # PriorityPolicy
 
 
 def check_schedule_policy(value: Any) -> str:

@@ -33,7 +33,7 @@ class EngineConfig:
     max_running: int = 64
     max_wait_steps: int = 64              # aging: +1 effective priority per this many steps waited
     schedule_low_priority_values_first: bool = False   # priority direction (agentlang.runtime.core.priority)
-    schedule_policy: str = "lpm"          # "program" / "continue": least / most served program
+    schedule_policy: str = "lpm"          # "program" / "continue" / "live": least / most served
                                           # first (core.program_service)
     max_lower_priority_tokens: int = 8    # lower-priority tokens in an urgent step (priority.py)
     urgent_slots: int = 4                 # above max_running: requests outranking a running one

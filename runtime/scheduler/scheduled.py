@@ -3,6 +3,7 @@ processor."""
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 from agentlang.runtime.request.request import Request
@@ -31,3 +32,15 @@ class Schedule(NamedTuple):
 def tokens_of(items: list[ScheduledItem]) -> int:
     """Tokens the step of ``items`` computes."""
     return sum(len(it.tokens) for it in items)
+
+
+def overlaps_inflight(ids: list[int], cached: int, inflight: list[Request],
+                      min_shared: int) -> bool:
+    """A waiting request's tokens ``ids`` (the first ``cached`` of them cached) share at least
+    ``min_shared`` uncached tokens with a request of ``inflight`` (a prefill in flight): it
+    waits a step, so the shared prefix is computed once."""
+    for other in inflight:
+        common = len(os.path.commonprefix([ids, other.all_ids[: other.num_tokens]]))
+        if common - cached >= min_shared:
+            return True
+    return False

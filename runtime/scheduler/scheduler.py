@@ -5,11 +5,11 @@ Each :meth:`Scheduler.schedule` call picks the work of one step within ``max_bat
 1. every running request with uncomputed tokens, oldest admission first — decodes cost one
    token, an unfinished (chunked) prefill takes what budget is left;
 2. waiting requests by effective priority (``core.priority``: priority plus one per
-   ``max_wait_steps`` steps waited, the aging rule), then (policy ``program`` / ``continue``)
-   least / most served program, then longest cached prefix, up to ``max_running``; one that outranks a running
-   request may take one of ``urgent_slots`` slots above it, and only when those or the pages
-   are taken preempts running ones of lower effective priority. A waiting request whose
-   uncached prompt overlaps a prefill in flight waits a step (a shared prefix is computed once).
+   ``max_wait_steps`` steps waited, the aging rule), then (policy ``program`` / ``continue``
+   and ``live``) least / most served program, then longest cached prefix, up to ``max_running``
+   and (``live``) the live-program limit; one outranking a running request may take one of
+   ``urgent_slots`` slots above it, and only when those or the pages are taken preempts running
+   ones of lower effective priority; one overlapping a prefill in flight waits a step.
 
 An *urgent* step (``PriorityPolicy.urgent_rank``: a request needing a prefill outranks some
 request present) does 1–2 first for the requests at or above that rank only, within the budget
@@ -26,7 +26,6 @@ dropped; one that cannot fit even alone ends with ``finish_reason="length"``.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,7 +37,9 @@ from agentlang.runtime.cache.retention import Retention
 from agentlang.runtime.core.priority import PriorityPolicy
 from agentlang.runtime.cache.radix_cache import RadixCache, TokenKey
 from agentlang.runtime.request.request import Request, RequestRow
-from agentlang.runtime.scheduler.scheduled import Schedule, ScheduledItem, tokens_of
+from agentlang.runtime.scheduler.live_programs import LiveGate, LivePrograms
+from agentlang.runtime.scheduler.scheduled import (Schedule, ScheduledItem, overlaps_inflight,
+                                                    tokens_of)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class SchedulerConfig:
     max_lower_priority_tokens: int = 8   # lower-priority tokens in an urgent step
     urgent_slots: int = 4   # running above max_running for requests that outrank a running one
     retain_max_pages: int = 0   # pages session holds may keep (cache.retention)
-    schedule_policy: str = "lpm"   # or "program" / "continue" (core.program_service)
+    schedule_policy: str = "lpm"   # or "program" / "continue" / "live" (core.program_service)
 
 
 class Scheduler:
@@ -67,6 +68,7 @@ class Scheduler:
         self.policy = PriorityPolicy(cfg.low_priority_values_first, cfg.max_wait_steps,
                                      cfg.schedule_policy)
         self.retention = Retention(cache, cfg.retain_max_pages)
+        self.live = LivePrograms(cfg.max_running, cfg.schedule_policy == "live")
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
@@ -130,6 +132,7 @@ class Scheduler:
         """Hold finished ``req``'s KV for ``key``, back in ``gap`` s (None: estimated)."""
         tokens = TokenKey.trusted(req.all_ids[: req.num_computed])
         node = self.cache.match_prefix(tokens, req.group.namespace, record=False).node
+        self.live.held(key, req)
         return self.retention.hold(key, node, now, ttl, gap, self.policy.rank(req.priority))
 
     def _reserve(self, req: Request, n: int, can_preempt: bool) -> bool:
@@ -209,12 +212,13 @@ class Scheduler:
         outrank = set(map(id, over))
         self._admit(items, limit - tokens_of(items), lambda r: first(r) and id(r) in outrank,
                     self._urgent_cap)
-        self._admit(items, limit - tokens_of(items), first)
+        gate = self.live.gate(self.running, self.retention, self.preemptions)
+        self._admit(items, limit - tokens_of(items), first, gate=gate)
         if top is not None:      # an urgent step: the rest get a small budget
             limit = min(self.cfg.max_batch_tokens, tokens_of(items) + low)
             rest = lambda r: not first(r)                      # noqa: E731
             self._run_running(items, unfit, rest, limit)
-            self._admit(items, limit - tokens_of(items), rest)
+            self._admit(items, limit - tokens_of(items), rest, gate=gate)
         return Schedule(items, unfit)
 
     def _run_running(self, items: list[ScheduledItem], unfit: list[Request],
@@ -252,10 +256,11 @@ class Scheduler:
         return items
 
     def _admit(self, items: list[ScheduledItem], budget: int,
-               select: Callable[[Request], bool], cap: int | None = None) -> None:
+               select: Callable[[Request], bool], cap: int | None = None,
+               gate: LiveGate | None = None) -> None:
         """Admit selected waiting requests (``admission_key`` order) within ``budget``, while
-        fewer than ``cap`` (default ``max_running``) run."""
-        cap = self.cfg.max_running if cap is None else cap
+        fewer than ``cap`` (default ``max_running``) run, those ``gate`` allows."""
+        cap, gate = self.cfg.max_running if cap is None else cap, gate or LiveGate(None, 0, True)
         if not self.waiting or budget <= 0:
             return
         ps = self.cfg.page_size
@@ -270,6 +275,8 @@ class Scheduler:
         for _, req, m in keyed:
             if budget <= 0 or len(self.running) >= cap:
                 break
+            if not gate.allows(req):
+                continue
             if not m.node.alive:    # an earlier admission evicted it: the match is stale
                 m = self.cache.match_prefix(TokenKey.trusted(req.all_ids), req.group.namespace,
                                             record=False)
@@ -277,7 +284,7 @@ class Scheduler:
             if req.group.logprob_start is not None:
                 limit = min(limit, max(0, req.group.logprob_start - 1) // ps * ps)
             cached = PageTable.usable_prefix(self.allocator, m.pages, min(m.length, limit))
-            if self._overlaps_inflight(req, cached, inflight):
+            if overlaps_inflight(req.all_ids, cached, inflight, self.cfg.min_shared_prefix):
                 continue
             table = PageTable(self.allocator, ps, self.table_stats)
             table.adopt_prefix(m.pages[: cached // ps], cached)
@@ -302,15 +309,8 @@ class Scheduler:
             self.running.append(req)
             items.append(self._item(req, n))
             inflight.append(req)
+            gate.admitted(req)
             budget -= n
-
-    def _overlaps_inflight(self, req: Request, cached: int, inflight: list[Request]) -> bool:
-        ids = req.all_ids
-        for other in inflight:
-            common = len(os.path.commonprefix([ids, other.all_ids[: other.num_tokens]]))
-            if common - cached >= self.cfg.min_shared_prefix:
-                return True
-        return False
 
     def _item(self, req: Request, n: int) -> ScheduledItem:
         start = req.num_computed

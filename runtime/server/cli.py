@@ -78,12 +78,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="what one more row of a step costs relative to a one-row step, in "
                         "(0, 1]: the draft-length policy's model (default 0.35, measured on 2 "
                         "AVX2 cores by bench/speculative.py)")
-    p.add_argument("--schedule-policy", choices=["lpm", "program", "continue"], default=None,
+    p.add_argument("--schedule-policy", choices=["lpm", "program", "continue", "live"],
+                   default=None,
                    help="order of waiting requests of equal priority: 'lpm' longest cached "
                         "prefix first (default), 'program' the request whose program (session, "
                         "DSL run or agent label) has had the least service first (Autellix's PLAS), "
                         "'continue' the one whose program has had the most (programs under way "
-                        "finish first)")
+                        "finish first), 'live' as 'continue' and, once the KV pool is short, "
+                        "no new program while as many are live (running or held) as fit")
     p.add_argument("--speculative-shared-cap", type=int, default=None,
                    help="entries of the index of recent outputs that drafts are also copied "
                         "from (per cache namespace, least recently used evicted; 0: drafts from "

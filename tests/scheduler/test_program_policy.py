@@ -81,5 +81,6 @@ def test_program_keys_and_the_bound():
 
 
 def test_bad_policy_is_named():
-    with pytest.raises(ValueError, match="schedule_policy must be one of lpm, program, continue"):
+    with pytest.raises(ValueError,
+                       match="schedule_policy must be one of lpm, program, continue, live"):
         Engine(schedule_policy="fifo")
