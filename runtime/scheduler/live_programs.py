@@ -65,10 +65,11 @@ class LivePrograms:
             self._held[key] = program_of(req)
 
     def gate(self, running: Iterable[Any], retention: Retention, preemptions: int) -> LiveGate:
-        """The gate of the step about to be scheduled; updates the limit first."""
-        running = list(running)
+        """The gate of the step about to be scheduled; updates the limit first. The gate's
+        live set, grown by its admissions, is what the next call compares with."""
         if not self.enabled:
-            return LiveGate(None, self.limit, not running)
+            return LiveGate(None, self.limit, False)
+        running = list(running)
         keys = {h.key for h in retention.holds()}
         self._held = {k: p for k, p in self._held.items() if k in keys}
         live = {program_of(r) for r in running} | set(self._held.values())
@@ -78,5 +79,5 @@ class LivePrograms:
             self.lowered += 1
         else:
             self.limit = min(self.ceiling, self.limit + len(self._live - live))
-        self._pressure, self._live = pressure, set(live)
+        self._pressure, self._live = pressure, live
         return LiveGate(live, self.limit, not running)
