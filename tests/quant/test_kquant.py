@@ -10,27 +10,15 @@ import torch
 
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.quant.kblock_linear import ChainLinear, KBlockLinear
-from agentlang.runtime.quant.kquant import BLOCK_BYTES, dequantize, split_kblocks
+from agentlang.runtime.quant.kquant import dequantize, split_kblocks
 from agentlang.runtime.quant.native import kquant_library
 from agentlang.runtime.weights.gguf_file import GgufError
 from agentlang.runtime.weights.gguf_weights import block_linear
 from tests.quant.test_block_linear import assert_same_at_one_thread, quantized_activations
-from tests.support.gguf_files import D_OFFSETS, K_DIMS, write_gguf
+from tests.support.gguf_files import BLOCK, K_DIMS, random_blocks, write_gguf
 
 gguf = pytest.importorskip("gguf")
 KTYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"]
-BLOCK = {"Q5_0": 32, "Q5_1": 32}        # weights a block (else a super-block of 256)
-
-
-def random_blocks(qtype: str, N: int, K: int, seed: int = 0, scale=(1e-3, 1e-2)) -> np.ndarray:
-    """Raw rows of random super-blocks whose float16 scales are finite (uniform in ``scale``)."""
-    rng = np.random.default_rng(seed)
-    nb = K // BLOCK.get(qtype, 256)
-    raw = rng.integers(0, 256, (N, nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
-    d = rng.uniform(*scale, (N, nb, 1)).astype(np.float16).view(np.uint8)
-    for at in D_OFFSETS[qtype]:
-        raw[..., at:at + 2] = d
-    return raw.reshape(N, -1)
 
 
 def gguf_decoded(raw: np.ndarray, qtype: str) -> np.ndarray:

@@ -6,11 +6,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentlang.runtime.quant.kquant import BLOCK_BYTES
+
 L = 2
 SMALL = (64, 128, 4, 2, 16)          # hidden, ffn, heads, kv heads, head dim
 K_DIMS = (256, 512, 4, 2, 64)        # K-quant blocks hold 256 weights: rows of 256 multiples
 D_OFFSETS = {"Q6_K": (208,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q3_K": (108,),
              "Q2_K": (80, 82), "Q5_0": (0,), "Q5_1": (0, 2)}              # where a K-quant block keeps its fp16 scales
+BLOCK = {"Q5_0": 32, "Q5_1": 32}        # weights a block (else a super-block of 256)
+
+
+def random_blocks(qtype: str, N: int, K: int, seed: int = 0, scale=(1e-3, 1e-2)) -> np.ndarray:
+    """Raw rows of random super-blocks whose float16 scales are finite (uniform in ``scale``)."""
+    rng = np.random.default_rng(seed)
+    nb = K // BLOCK.get(qtype, 256)
+    raw = rng.integers(0, 256, (N, nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
+    d = rng.uniform(*scale, (N, nb, 1)).astype(np.float16).view(np.uint8)
+    for at in D_OFFSETS[qtype]:
+        raw[..., at:at + 2] = d
+    return raw.reshape(N, -1)
 
 
 def byte_level_symbols() -> list[str]:
