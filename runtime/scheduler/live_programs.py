@@ -59,6 +59,11 @@ class LivePrograms:
         self._live: set[Hashable] = set()
         self._pressure = 0
 
+    @property
+    def live_now(self) -> int:
+        """Programs live after the last gate's admissions (0 with the gate disabled)."""
+        return len(self._live)
+
     def held(self, key: Hashable, req: Any) -> None:
         """``req``'s program keeps its KV under the retention hold ``key``."""
         if self.enabled:

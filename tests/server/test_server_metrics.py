@@ -23,8 +23,11 @@ def test_metrics_parse_and_hit_rate_moves(http):
                  "agentlang_cow_copies_total", "agentlang_prompt_tokens_total",
                  "agentlang_generation_tokens_total",
                  "agentlang_time_to_first_token_seconds_count",
-                 "agentlang_e2e_request_latency_seconds_count"):
+                 "agentlang_e2e_request_latency_seconds_count",
+                 "agentlang_live_programs", "agentlang_live_program_limit",
+                 "agentlang_live_limit_lowered_total"):
         assert name in before, name
+    assert before["agentlang_live_programs"] == 0                 # the default policy: no gate
     body = {"text": REPEATED + "Question 1?", "sampling_params": {"max_new_tokens": 2}}
     for i in range(3):
         body["text"] = REPEATED + f"Question {i}?"
