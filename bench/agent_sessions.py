@@ -177,11 +177,12 @@ def start_agentlang(tokens: int, args, policy: str = "lpm") -> object:
 def start_vllm(tokens: int, args) -> tuple[object, int]:
     from agentlang.runtime.weights.model_loader import resolve_model
 
-    kv_bytes = tokens * 2 * 3 * 64 * 30 * 2             # bf16 K and V of SmolLM2-135M
+    width = 4 if args.vllm_dtype == "float32" else 2
+    kv_bytes = tokens * 2 * 3 * 64 * 30 * width        # K and V of SmolLM2-135M
     port = free_port()
     cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model",
            str(resolve_model("default", "dense").path), "--served-model-name", "default",
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", args.vllm_dtype,
            "--enable-prefix-caching", "--enable-prompt-tokens-details", "--max-num-seqs", "64",
            "--max-num-batched-tokens", "2048", "--max-model-len", "4096",
            "--kv-cache-memory-bytes", str(kv_bytes)]
@@ -198,6 +199,9 @@ def main() -> None:
     ap.add_argument("--fractions", type=float, nargs="*", default=[0.5, 0.25])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--peers", nargs="*", default=[], choices=["vllm"])
+    ap.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="vLLM's dtype (bfloat16: the issue's setting; float32 on CPUs without "
+                         "bf16 instructions, where vLLM's bf16 is emulated)")
     ap.add_argument("--session-max-fraction", type=float, default=0.8)
     ap.add_argument("--modes", nargs="*", default=["off", "on"], choices=["off", "on", "hints"],
                     help="agentlang runs (none: the peers only)")
