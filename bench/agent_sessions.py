@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from bench.output import write_results  # noqa: E402
 from bench.peers import VLLM_PY, launch  # noqa: E402
 from bench.serve import stop_server  # noqa: E402
+from agentlang.runtime.core.program_service import SCHEDULE_POLICIES  # noqa: E402
 from tests.support.cluster import free_port  # noqa: E402
 
 CALL_TOKENS, OBSERVATION_TOKENS, TASK_TOKENS, SYSTEM_TOKENS = 40, 150, 100, 1500
@@ -207,7 +208,7 @@ def main() -> None:
                     help="agentlang runs (none: the peers only)")
     ap.add_argument("--quick", action="store_true", help="8 agents, 3 turns, pool 1/2")
     ap.add_argument("--schedule-policies", nargs="+", default=["lpm"],
-                    choices=["lpm", "program", "continue", "live"],
+                    choices=SCHEDULE_POLICIES,
                     help="agentlang's --schedule-policy, each its own run (program: Autellix's "
                          "least-served program first; results keyed '... (program)')")
     ap.add_argument("--out")

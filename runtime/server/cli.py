@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import uvicorn
 
+from agentlang.runtime.core.program_service import SCHEDULE_POLICIES
+
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ENGINE_FLAGS = ("page_size", "kv_budget_mb", "window_kv_fraction", "max_batch_tokens", "max_running",
                 "grammar_backend", "dtype", "kv_dtype", "schedule_low_priority_values_first",
@@ -78,8 +80,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="what one more row of a step costs relative to a one-row step, in "
                         "(0, 1]: the draft-length policy's model (default 0.35, measured on 2 "
                         "AVX2 cores by bench/speculative.py)")
-    p.add_argument("--schedule-policy", choices=["lpm", "program", "continue", "live"],
-                   default=None,
+    p.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=None,
                    help="order of waiting requests of equal priority: 'lpm' longest cached "
                         "prefix first (default), 'program' the request whose program (session, "
                         "DSL run or agent label) has had the least service first (Autellix's PLAS), "
