@@ -15,6 +15,8 @@ typically in a tool call — and given back when the first of these happens:
   would make progress); an equal- or lower-priority arrival waits while others run, which is
   what keeps a paused agent's history (:meth:`Retention.release_for_pages`);
 * ``cap`` — holding a new history would put more than ``max_pages`` pages under holds;
+* ``limit`` — schedule policy ``live`` sheds a paused program over its live-program limit
+  (``scheduler/live_programs.py``);
 * ``flushed`` — the cache is being flushed (``Engine.flush_cache``: every hold goes).
 
 Order of release under pressure and at the cap (*furthest next use first*, Belady's rule on
@@ -43,7 +45,8 @@ from agentlang.runtime.cache.radix_cache import RadixCache
 from agentlang.runtime.cache.radix_node import TreeNode
 from agentlang.runtime.cache.window_pages import first_visible
 
-REASONS = ("continued", "replaced", "closed", "expired", "pressure", "cap", "flushed")
+REASONS = ("continued", "replaced", "closed", "expired", "pressure", "cap", "limit",
+           "flushed")
 GAP_MEMORY = 0.5     # weight of the newest pause in a key's mean pause (exponential average)
 MAX_KEYS_REMEMBERED = 4096   # keys whose mean pause is kept (oldest forgotten first)
 

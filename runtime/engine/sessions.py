@@ -93,7 +93,7 @@ class EngineSessions:
         for rid in running:
             self.abort(rid)
         with self.lock:                      # between steps: released when close returns
-            self.scheduler.retention.forget((ns, session_id), s.first_prompt)
+            self._forget(s)
         return True
 
     def hint(self, session_id: str, next_use_s: float, cache_salt: str | None = None) -> int:
@@ -176,7 +176,7 @@ class EngineSessions:
             return
         self._next_reap = now + REAP_EVERY_S
         for s in self.registry.reap(now):
-            self.scheduler.retention.forget((s.namespace, s.id), s.first_prompt)
+            self._forget(s)
 
     def rows(self, now: float | None = None) -> list[SessionRow]:
         """The open sessions and what each holds (taken under the step lock)."""
@@ -193,3 +193,10 @@ class EngineSessions:
                                   None if h is None else max(0.0, h.expires - now),
                                   now - s.last_active))
         return out
+
+    def _forget(self, s) -> None:
+        """Session ``s`` closed or timed out: its hold goes and its history past the first
+        prompt is dead (``Retention.forget``); the live-program limit learns its length."""
+        key = (s.namespace, s.id)
+        self.scheduler.live.ended(key)
+        self.scheduler.retention.forget(key, s.first_prompt)

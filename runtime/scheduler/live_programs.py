@@ -5,14 +5,27 @@ request) is *live* while it has a running request or a session hold (``cache.ret
 while its KV is wanted in the pool. When the pool is short, admitting one more program only
 makes the live ones evict each other's histories (a paused agent's history released under
 pressure is recomputed on its next turn), so the number of live programs is limited, and the
-limit is learnt from pressure:
+limit is learnt from pressure and from how long programs run:
 
 * it starts at ``ceiling`` (the scheduler's ``max_running``: no limit);
 * when a hold was released for ``pressure`` or ``cap``, or a request was preempted, since the
-  last step, it falls to the number of programs live now (the one that lost its KV no
-  longer counts);
+  last step, the pool is full with the live programs' KV. A program's KV grows with its turns
+  (each finished turn is one more hold: :meth:`LivePrograms.held`), so the pool holds about
+  ``A = Σ age`` turns, a program's *age* being its finished turns plus the one it runs. The
+  limit falls to the number of programs of projected length that fit in ``A``:
+  ``floor(n · A / Σ projected)`` over the ``n`` programs live now (never more than ``n``). A
+  program's projected length is the mean length of the sessions that closed so far
+  (:meth:`LivePrograms.ended`; at least its age + 1), or twice its age before any closed; a
+  program that never paused is projected to end with the request it runs. So a limit learnt
+  when the histories are young already leaves room for their growth;
 * otherwise it grows by one for each program that stopped being live since the last step (it
   finished, or its hold ran out), up to ``ceiling``.
+
+While more programs are live than the limit, the paused ones over it are *shed*: their holds
+are released (reason ``limit``; the lowest priority rank first, then the fewest turns — the
+cheapest to recompute —, then the one expected back last). Their KV stays in the tree as plain LRU entries, so a shed program whose
+pages survive loses nothing; it is no longer live, so its next turn waits at the gate instead
+of growing a history that pressure would release later, and bigger.
 
 A waiting request of a program that is not live is admitted only while fewer than ``limit``
 programs are live, or when nothing runs (no one else would make progress). Requests of live
@@ -30,6 +43,8 @@ from agentlang.runtime.cache.retention import Retention
 from agentlang.runtime.core.program_service import program_of
 
 PRESSURE_REASONS = ("pressure", "cap")   # hold releases that mean the pool is short
+LENGTH_MEMORY = 0.25    # weight of the newest closed session in the mean program length
+MAX_PROGRAMS_REMEMBERED = 4096   # programs whose turns are counted (oldest forgotten first)
 
 
 class LiveGate:
@@ -55,7 +70,10 @@ class LivePrograms:
         self.ceiling = self.limit = ceiling
         self.enabled = enabled
         self.lowered = 0                          # times pressure lowered the limit
-        self._held: dict[Hashable, Hashable] = {}   # hold key -> its program
+        self.length: float | None = None          # mean turns of closed sessions
+        self._held: dict[Hashable, Hashable] = {}   # hold key -> its program (holds now)
+        self._keys: dict[Hashable, Hashable] = {}   # hold key -> its program (remembered)
+        self._turns: dict[Hashable, int] = {}       # program -> turns finished
         self._live: set[Hashable] = set()
         self._pressure = 0
 
@@ -65,24 +83,78 @@ class LivePrograms:
         return len(self._live)
 
     def held(self, key: Hashable, req: Any) -> None:
-        """``req``'s program keeps its KV under the retention hold ``key``."""
-        if self.enabled:
-            self._held[key] = program_of(req)
+        """``req``'s program finished a turn and keeps its KV under the retention hold
+        ``key``."""
+        if not self.enabled:
+            return
+        p = program_of(req)
+        self._held[key] = p
+        self._keys.pop(key, None)
+        self._keys[key] = p
+        self._turns[p] = self._turns.pop(p, 0) + 1    # re-inserted last: newest remembered
+        for d in (self._keys, self._turns):
+            while len(d) > MAX_PROGRAMS_REMEMBERED:
+                del d[next(iter(d))]
+
+    def ended(self, key: Hashable) -> None:
+        """The session holding under ``key`` closed: its turns are one program length."""
+        p = self._keys.pop(key, None)
+        turns = self._turns.pop(p, None) if p is not None else None
+        if turns:
+            self.length = turns if self.length is None else \
+                LENGTH_MEMORY * turns + (1 - LENGTH_MEMORY) * self.length
 
     def gate(self, running: Iterable[Any], retention: Retention, preemptions: int) -> LiveGate:
-        """The gate of the step about to be scheduled; updates the limit first. The gate's
-        live set, grown by its admissions, is what the next call compares with."""
+        """The gate of the step about to be scheduled; updates the limit and sheds the paused
+        programs over it first. The gate's live set, grown by its admissions, is what the
+        next call compares with."""
         if not self.enabled:
             return LiveGate(None, self.limit, False)
         running = list(running)
         keys = {h.key for h in retention.holds()}
         self._held = {k: p for k, p in self._held.items() if k in keys}
-        live = {program_of(r) for r in running} | set(self._held.values())
+        active = {program_of(r) for r in running}
+        live = active | set(self._held.values())
         pressure = preemptions + sum(retention.stats.released[r] for r in PRESSURE_REASONS)
         if pressure > self._pressure:
-            self.limit = max(1, len(live))
+            self.limit = max(1, min(len(live), self._fit(live, active)))
             self.lowered += 1
         else:
             self.limit = min(self.ceiling, self.limit + len(self._live - live))
-        self._pressure, self._live = pressure, live
+        self._pressure = pressure
+        live -= self._shed(live, active, retention)
+        self._live = live
         return LiveGate(live, self.limit, not running)
+
+    def _fit(self, live: set[Hashable], active: set[Hashable]) -> int:
+        """How many programs of projected length fit in the turns the live ones hold now."""
+        ages = {p: self._turns.get(p, 0) + (p in active) for p in live}
+        projected = sum(self._projected(ages[p], p in self._turns) for p in live)
+        return int(len(live) * sum(ages.values()) // max(1, projected))
+
+    def _projected(self, age: int, paused_before: bool) -> float:
+        if not paused_before:
+            return age                 # never paused: ends with the request it runs
+        if self.length is None:
+            return 2 * age
+        return max(self.length, age + 1)
+
+    def _shed(self, live: set[Hashable], active: set[Hashable],
+              retention: Retention) -> set[Hashable]:
+        """Release the holds of paused programs over the limit (module doc); the programs."""
+        over = len(live) - self.limit
+        if over <= 0:
+            return set()
+        paused = [h for h in retention.holds() if h.key in self._held
+                  and self._held[h.key] not in active]
+        paused.sort(key=lambda h: (h.rank, self._turns.get(self._held[h.key], 0),
+                                   -h.expected_back))
+        shed: set[Hashable] = set()
+        for h in paused:
+            if len(shed) >= over:
+                break
+            p = self._held.pop(h.key)
+            if p not in self._held.values():
+                shed.add(p)
+            retention.release(h.key, "limit")
+        return shed

@@ -6,7 +6,10 @@ still go; nothing runs → the gate opens; outputs and pages unchanged."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
+from agentlang.runtime.cache.retention import REASONS
+from agentlang.runtime.scheduler.live_programs import LivePrograms
 from tests.support.step_harness import StepHarness, expected_tokens
 
 PS = 4
@@ -65,3 +68,130 @@ def test_a_hold_keeps_its_program_live_and_new_programs_wait():
 
     assert c_waits("live")
     assert not c_waits("continue")
+
+
+def agents(policy: str, n: int = 6, turns: int = 4, num_pages: int = 30):
+    """``n`` agents of ``turns`` turns each (8 generated + 8 new tokens a turn), all started
+    together; each finished turn is held (``Scheduler.retain``) while its tool runs for 2, 4
+    or 6 steps, then its next turn arrives: (tokens computed, the harness). Outputs are
+    checked against the fake model."""
+    h = StepHarness(page_size=PS, num_pages=num_pages, schedule_policy=policy,
+                    retain_max_pages=num_pages)
+    hist = {k: prompt(k, 16) for k in range(n)}
+    left = dict.fromkeys(range(n), turns)
+    cur = {k: h.submit(hist[k], max_tokens=8, ignore_eos=True, agent=f"a{k}") for k in hist}
+    due: dict[int, int] = {}                       # agent -> step its next turn arrives
+    for step in range(3000):
+        busy = h.step()
+        for k in [k for k, at in due.items() if at <= step]:
+            del due[k]
+            cur[k] = h.submit(hist[k], max_tokens=8, ignore_eos=True, agent=f"a{k}")
+        for k in [k for k, g in cur.items() if g.finished]:
+            child = cur.pop(k).children[0]
+            assert child.output_ids == expected_tokens(hist[k], 8)
+            left[k] -= 1
+            if not left[k]:
+                h.scheduler.retention.release(f"a{k}", "closed")
+                h.scheduler.live.ended(f"a{k}")
+                continue
+            h.scheduler.retain(child, f"a{k}", time.monotonic(), 100.0, None)
+            hist[k] = hist[k] + child.output_ids + [(k * 3 + left[k]) % 50 + 1] * 8
+            due[k] = step + 2 * (1 + (k + left[k]) % 3)
+        if not cur and not due and not busy:
+            break
+    assert not cur and not due
+    h.scheduler.retention.release_all("flushed")
+    h.assert_no_leak()
+    computed = sum(len(it.tokens) for step in h.runner.steps for it in step)
+    return computed, h
+
+
+def test_growing_histories_are_shed_while_young():
+    """Six agents whose final histories (72 tokens, 18 pages) fit one at a time in 30 pages:
+    ``live`` projects their growth when the pool first runs short and sheds the paused ones over the
+    limit then, so fewer histories are recomputed than with ``continue``; outputs unchanged,
+    no page left behind."""
+    work, _ = agents("continue")
+    gated_work, h = agents("live")
+    live, released = h.scheduler.live, h.scheduler.retention.stats.released
+    assert live.lowered >= 1 and released["limit"] >= 1
+    assert gated_work < 0.75 * work, (gated_work, work)   # the limit learnt from pressure alone: 0.93
+
+
+class FakeRetention:
+    """The part of ``Retention`` the limit reads: holds, release counters, release by key."""
+
+    def __init__(self):
+        self.stats = SimpleNamespace(released=dict.fromkeys(REASONS, 0))
+        self.by_key: dict[str, SimpleNamespace] = {}
+
+    def hold(self, key: str, back: float, rank: int = 0) -> None:
+        self.by_key[key] = SimpleNamespace(key=key, expected_back=back, rank=rank)
+
+    def holds(self):
+        return list(self.by_key.values())
+
+    def release(self, key: str, reason: str) -> bool:
+        self.stats.released[reason] += self.by_key.pop(key, None) is not None
+        return True
+
+
+def req(agent: str):
+    return SimpleNamespace(group=SimpleNamespace(session=None, rid=agent, namespace=(),
+                                                 params=SimpleNamespace(agent=agent)),
+                           name=agent)
+
+
+def paused(live: LivePrograms, ret: FakeRetention, agent: str, turns: int, back: float) -> None:
+    for _ in range(turns):
+        live.held(agent, req(agent))
+    ret.hold(agent, back)
+
+
+def test_the_limit_leaves_room_for_projected_growth_and_sheds_the_youngest():
+    """Eight agents live (two running, six paused with 1-3 finished turns) when the pool runs
+    short: before any session closed each is projected to twice its age, so half of them fit;
+    the paused ones over the limit are shed fewest turns first, then expected back last."""
+    live, ret = LivePrograms(ceiling=16, enabled=True), FakeRetention()
+    for k, turns in enumerate((3, 3, 2, 2, 1, 1)):
+        paused(live, ret, f"p{k}", turns, back=float(k))
+    run = [req("r0"), req("r1")]
+    for r in run:
+        live.held(r.name, r)                       # each finished one turn before this one
+    assert live.gate(run, ret, 0).limit == 16      # no pressure yet: the ceiling
+    ret.stats.released["pressure"] += 1
+    gate = live.gate(run, ret, 0)
+    # ages: 3 3 2 2 1 1 (paused) + 2 2 (running) = 16 turns held; projected 32
+    assert live.limit == 4 and live.lowered == 1
+    assert sorted(k for k in ret.by_key) == ["p0", "p1"]     # p5, p4 (1 turn), then p3, p2
+    assert ret.stats.released["limit"] == 4 and live.live_now == 4
+    assert not gate.allows(req("new")) and gate.allows(run[0])
+    assert live.gate(run, ret, 0).limit == 4                  # shedding is not a finish
+
+
+def test_closed_sessions_teach_the_program_length():
+    """Once sessions closed after 4 turns, a pool full of 2-turn programs holds half as
+    many of them at their end; a program that never paused counts as its own request."""
+    live, ret = LivePrograms(ceiling=16, enabled=True), FakeRetention()
+    for k in range(2):
+        paused(live, ret, f"done{k}", 4, back=0.0)
+        ret.release(f"done{k}", "closed")
+        live.ended(f"done{k}")
+    assert live.length == 4
+    for k in range(6):
+        paused(live, ret, f"p{k}", 2, back=float(k))
+    fresh = [req(f"f{k}") for k in range(2)]                  # first requests: age 1, length 1
+    live.gate(fresh, ret, 0)
+    live.gate(fresh, ret, 1)                                  # a preemption: pressure
+    # 8 live; ages 2 x 6 + 1 x 2 = 14; projected 4 x 6 + 1 x 2 = 26 -> floor(8 * 14 / 26) = 4
+    assert live.limit == 4 and len(ret.by_key) == 2
+
+
+def test_the_policy_off_keeps_no_counts():
+    live, ret = LivePrograms(ceiling=16, enabled=False), FakeRetention()
+    paused(live, ret, "p", 3, back=0.0)
+    live.ended("p")
+    ret.stats.released["pressure"] += 1
+    gate = live.gate([], ret, 5)
+    assert gate.allows(req("x")) and live.limit == 16 and live.length is None
+    assert len(ret.by_key) == 1
