@@ -104,8 +104,32 @@ def peak_history_tokens(tok, p: dict, turns: int) -> int:
     return SYSTEM_TOKENS + sum(per_agent)
 
 
+TRACED = ("agentlang_live_programs", "agentlang_live_program_limit",
+          "agentlang_num_requests_running", "agentlang_num_requests_waiting")
+
+
+async def trace_server(c: httpx.AsyncClient, t0: float, every_s: float = 2.0) -> list[dict]:
+    """agentlang's ``/metrics`` every ``every_s`` until cancelled: the live programs, their
+    limit, running and waiting requests, and the hold releases by reason (cumulative)."""
+    samples: list[dict] = []
+    try:
+        while True:
+            text = (await c.get("/metrics")).text
+            row: dict = {"t": round(time.perf_counter() - t0, 1)}
+            for line in text.splitlines():
+                name, _, value = line.rpartition(" ")
+                if name in TRACED:
+                    row[name[len("agentlang_"):]] = float(value)
+                elif name.startswith("agentlang_session_hold_releases_total{reason="):
+                    row["released_" + name.split('"')[1]] = float(value)
+            samples.append(row)
+            await asyncio.sleep(every_s)
+    except asyncio.CancelledError:
+        return samples
+
+
 async def run_agents(url: str, model: str, p: dict, turns: int, sessions: bool,
-                     hints: bool = False) -> dict:
+                     hints: bool = False, trace: bool = False) -> dict:
     limits = httpx.Limits(max_connections=len(p["tasks"]) + 4)
     async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as c:
         async def agent(i: int) -> dict:
@@ -140,9 +164,17 @@ async def run_agents(url: str, model: str, p: dict, turns: int, sessions: bool,
             return {"jct": done - t0, "prompts": prompts, "cached": cached, "out": out}
 
         t0 = time.perf_counter()
+        tracer = asyncio.create_task(trace_server(c, t0)) if trace else None
         agents = await asyncio.gather(*[agent(i) for i in range(len(p["tasks"]))])
         wall = time.perf_counter() - t0
-    return summarize(agents, wall)
+        samples = None
+        if tracer is not None:
+            tracer.cancel()
+            samples = await tracer
+    out = summarize(agents, wall)
+    if samples is not None:
+        out["server_trace"] = samples      # /metrics every 2 s (``trace_server``)
+    return out
 
 
 def summarize(agents: list[dict], wall: float) -> dict:
@@ -237,7 +269,7 @@ def main() -> None:
                 try:
                     row[f"agentlang {label}"] = r = asyncio.run(
                         run_agents(server.url, server.model, p, args.turns, mode != "off",
-                                   mode == "hints"))
+                                   mode == "hints", trace=True))
                 finally:
                     stop_server(server.proc)
                 _print(f"pool {frac:g} agentlang {label}", r)
@@ -274,6 +306,14 @@ def _print(name: str, r: dict) -> None:
     print(f"  {name}: JCT mean {r['jct_mean_s']:.1f} s p99 {r['jct_p99_s']:.1f} s, prefill "
           f"computed {r['prefill_computed_tokens']} recomputed {r['prefill_recomputed_tokens']}"
           f", {r['output_tok_s']:.1f} out tok/s", flush=True)
+    trace = r.get("server_trace") or []
+    if trace:
+        last = trace[-1]
+        released = {k[len("released_"):]: int(v) for k, v in last.items()
+                    if k.startswith("released_") and v}
+        limits = [int(s["live_program_limit"]) for s in trace if "live_program_limit" in s]
+        path = [v for i, v in enumerate(limits) if i == 0 or v != limits[i - 1]]
+        print(f"    holds released {released}; live limit over time {path[:40]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ Order of release under pressure and at the cap (*furthest next use first*, Belad
 what the program tells us): each hold has an expected resume time, ``created + expected_gap``
 (the caller's hint, or the key's recent mean pause between a turn's end and its next request),
 and the hold expected back last goes first; equal expectations release the larger hold first.
+With ``cheapest_first`` (schedule policy ``live``, whose released programs wait for a free
+live slot rather than resuming when their tool returns, so the expected resume time no longer
+says when they are needed) the smallest hold goes first: the history cheapest to recompute.
 A hint may be sent after the turn ended (:meth:`Retention.rehint`), e.g. once the program knows
 which tool runs and for how long.
 
@@ -70,13 +73,15 @@ class RetentionStats:
 
 
 class Retention:
-    """Holds keyed by session key over ``cache``; at most ``max_pages`` distinct pages held."""
+    """Holds keyed by session key over ``cache``; at most ``max_pages`` distinct pages held;
+    ``cheapest_first``: the release order (module doc)."""
 
-    def __init__(self, cache: RadixCache, max_pages: int):
+    def __init__(self, cache: RadixCache, max_pages: int, cheapest_first: bool = False):
         if not isinstance(max_pages, int) or isinstance(max_pages, bool) or max_pages < 0:
             raise ValueError(f"max_pages must be an integer >= 0, got {max_pages!r}")
         self.cache = cache
         self.max_pages = max_pages
+        self.cheapest_first = cheapest_first
         self.stats = RetentionStats()
         self._holds: dict[Hashable, Hold] = {}
         self._gaps: dict[Hashable, float] = {}      # mean pause per key (seconds)
@@ -239,6 +244,8 @@ class Retention:
                  and (below_rank is None or h.rank < below_rank)]
         if not cands:
             return None
+        if self.cheapest_first:
+            return min(cands, key=lambda h: (h.pages, -h.expected_back))
         return max(cands, key=lambda h: (h.expected_back, h.pages))
 
     @staticmethod

@@ -18,12 +18,15 @@ limit is learnt from pressure and from how long programs run:
   (:meth:`LivePrograms.ended`; at least its age + 1), or twice its age before any closed; a
   program that never paused is projected to end with the request it runs. So a limit learnt
   when the histories are young already leaves room for their growth;
-* otherwise it grows by one for each program that stopped being live since the last step (it
-  finished, or its hold ran out), up to ``ceiling``.
+* otherwise it grows as programs stop being live (they finished, or their holds ran out): by
+  one for every ``limit`` of them since the last change (one more program per round of the
+  programs it lets live, as a congestion window grows), up to ``ceiling``. A faster growth
+  makes the limit swing: each time it comes down again, the programs over it are shed.
 
 While more programs are live than the limit, the paused ones over it are *shed*: their holds
-are released (reason ``limit``; the lowest priority rank first, then the fewest turns — the
-cheapest to recompute —, then the one expected back last). Their KV stays in the tree as plain LRU entries, so a shed program whose
+are released (reason ``limit``; the lowest priority rank first, then the smallest history —
+the cheapest to recompute —, then the one expected back last; pressure releases the smallest
+hold first too under this policy: ``Retention.cheapest_first``). Their KV stays in the tree as plain LRU entries, so a shed program whose
 pages survive loses nothing; it is no longer live, so its next turn waits at the gate instead
 of growing a history that pressure would release later, and bigger.
 
@@ -76,6 +79,7 @@ class LivePrograms:
         self._turns: dict[Hashable, int] = {}       # program -> turns finished
         self._live: set[Hashable] = set()
         self._pressure = 0
+        self._ended = 0                            # programs ended since the limit changed
 
     @property
     def live_now(self) -> int:
@@ -119,8 +123,12 @@ class LivePrograms:
         if pressure > self._pressure:
             self.limit = max(1, min(len(live), self._fit(live, active)))
             self.lowered += 1
+            self._ended = 0
         else:
-            self.limit = min(self.ceiling, self.limit + len(self._live - live))
+            self._ended += len(self._live - live)
+            if self._ended >= self.limit and self.limit < self.ceiling:
+                self.limit += 1
+                self._ended = 0
         self._pressure = pressure
         live -= self._shed(live, active, retention)
         self._live = live
@@ -147,8 +155,7 @@ class LivePrograms:
             return set()
         paused = [h for h in retention.holds() if h.key in self._held
                   and self._held[h.key] not in active]
-        paused.sort(key=lambda h: (h.rank, self._turns.get(self._held[h.key], 0),
-                                   -h.expected_back))
+        paused.sort(key=lambda h: (h.rank, h.pages, -h.expected_back))
         shed: set[Hashable] = set()
         for h in paused:
             if len(shed) >= over:

@@ -67,7 +67,7 @@ class Scheduler:
         self.table_stats = PageTableStats()
         self.policy = PriorityPolicy(cfg.low_priority_values_first, cfg.max_wait_steps,
                                      cfg.schedule_policy)
-        self.retention = Retention(cache, cfg.retain_max_pages)
+        self.retention = Retention(cache, cfg.retain_max_pages, cfg.schedule_policy == "live")
         self.live = LivePrograms(cfg.max_running, cfg.schedule_policy == "live")
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

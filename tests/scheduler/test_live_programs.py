@@ -125,8 +125,8 @@ class FakeRetention:
         self.stats = SimpleNamespace(released=dict.fromkeys(REASONS, 0))
         self.by_key: dict[str, SimpleNamespace] = {}
 
-    def hold(self, key: str, back: float, rank: int = 0) -> None:
-        self.by_key[key] = SimpleNamespace(key=key, expected_back=back, rank=rank)
+    def hold(self, key: str, back: float, pages: int) -> None:
+        self.by_key[key] = SimpleNamespace(key=key, expected_back=back, rank=0, pages=pages)
 
     def holds(self):
         return list(self.by_key.values())
@@ -145,13 +145,13 @@ def req(agent: str):
 def paused(live: LivePrograms, ret: FakeRetention, agent: str, turns: int, back: float) -> None:
     for _ in range(turns):
         live.held(agent, req(agent))
-    ret.hold(agent, back)
+    ret.hold(agent, back, pages=4 * turns)
 
 
 def test_the_limit_leaves_room_for_projected_growth_and_sheds_the_youngest():
     """Eight agents live (two running, six paused with 1-3 finished turns) when the pool runs
     short: before any session closed each is projected to twice its age, so half of them fit;
-    the paused ones over the limit are shed fewest turns first, then expected back last."""
+    the paused ones over the limit are shed smallest first, then expected back last."""
     live, ret = LivePrograms(ceiling=16, enabled=True), FakeRetention()
     for k, turns in enumerate((3, 3, 2, 2, 1, 1)):
         paused(live, ret, f"p{k}", turns, back=float(k))
@@ -163,7 +163,7 @@ def test_the_limit_leaves_room_for_projected_growth_and_sheds_the_youngest():
     gate = live.gate(run, ret, 0)
     # ages: 3 3 2 2 1 1 (paused) + 2 2 (running) = 16 turns held; projected 32
     assert live.limit == 4 and live.lowered == 1
-    assert sorted(k for k in ret.by_key) == ["p0", "p1"]     # p5, p4 (1 turn), then p3, p2
+    assert sorted(k for k in ret.by_key) == ["p0", "p1"]     # p5, p4 (4 pages), then p3, p2
     assert ret.stats.released["limit"] == 4 and live.live_now == 4
     assert not gate.allows(req("new")) and gate.allows(run[0])
     assert live.gate(run, ret, 0).limit == 4                  # shedding is not a finish
@@ -195,3 +195,18 @@ def test_the_policy_off_keeps_no_counts():
     gate = live.gate([], ret, 5)
     assert gate.allows(req("x")) and live.limit == 16 and live.length is None
     assert len(ret.by_key) == 1
+
+
+def test_the_limit_grows_by_one_per_round_of_ended_programs():
+    """After pressure set the limit to 4 (four paused programs shed), it grows by one only
+    once 4 programs ended: a slow climb back, not one step per ended program."""
+    live, ret = LivePrograms(ceiling=16, enabled=True), FakeRetention()
+    for k in range(8):
+        paused(live, ret, f"p{k}", 1, back=float(k))
+    live.gate([], ret, 1)                         # ages 1, projected 2 each -> 8 * 8 // 16
+    assert live.limit == 4 and len(ret.by_key) == 4
+    limits = []
+    for key in list(ret.by_key):
+        ret.release(key, "expired")
+        limits.append(live.gate([], ret, 1).limit)
+    assert limits == [4, 4, 4, 5]
