@@ -13,7 +13,8 @@ limit is learnt from pressure and from how long programs run:
   (each finished turn is one more hold: :meth:`LivePrograms.held`), so the pool holds about
   ``A = Σ age`` turns, a program's *age* being its finished turns plus the one it runs. The
   limit falls to the number of programs of projected length that fit in ``A``:
-  ``floor(n · A / Σ projected)`` over the ``n`` programs live now (never more than ``n``). A
+  ``floor(n · A / Σ projected)`` over the ``n`` programs live now (never more than ``n``, and
+  never less than ``n // 2``: one pressure event at most halves it, the estimate being rough). A
   program's projected length is the mean length of the sessions that closed so far
   (:meth:`LivePrograms.ended`; at least its age + 1), or twice its age before any closed; a
   program that never paused is projected to end with the request it runs. So a limit learnt
@@ -121,7 +122,7 @@ class LivePrograms:
         live = active | set(self._held.values())
         pressure = preemptions + sum(retention.stats.released[r] for r in PRESSURE_REASONS)
         if pressure > self._pressure:
-            self.limit = max(1, min(len(live), self._fit(live, active)))
+            self.limit = max(1, len(live) // 2, min(len(live), self._fit(live, active)))
             self.lowered += 1
             self._ended = 0
         else:

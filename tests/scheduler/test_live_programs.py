@@ -170,21 +170,22 @@ def test_the_limit_leaves_room_for_projected_growth_and_sheds_the_youngest():
 
 
 def test_closed_sessions_teach_the_program_length():
-    """Once sessions closed after 4 turns, a pool full of 2-turn programs holds half as
-    many of them at their end; a program that never paused counts as its own request."""
+    """Once sessions closed after 3 turns, a pool full of 2-turn programs is projected to
+    hold 5 of the 8 live ones at their end (twice their age, before any closed: 4); a program
+    that never paused counts as its own request."""
     live, ret = LivePrograms(ceiling=16, enabled=True), FakeRetention()
     for k in range(2):
-        paused(live, ret, f"done{k}", 4, back=0.0)
+        paused(live, ret, f"done{k}", 3, back=0.0)
         ret.release(f"done{k}", "closed")
         live.ended(f"done{k}")
-    assert live.length == 4
+    assert live.length == 3
     for k in range(6):
         paused(live, ret, f"p{k}", 2, back=float(k))
     fresh = [req(f"f{k}") for k in range(2)]                  # first requests: age 1, length 1
     live.gate(fresh, ret, 0)
     live.gate(fresh, ret, 1)                                  # a preemption: pressure
-    # 8 live; ages 2 x 6 + 1 x 2 = 14; projected 4 x 6 + 1 x 2 = 26 -> floor(8 * 14 / 26) = 4
-    assert live.limit == 4 and len(ret.by_key) == 2
+    # 8 live; ages 2 x 6 + 1 x 2 = 14; projected 3 x 6 + 1 x 2 = 20 -> floor(8 * 14 / 20) = 5
+    assert live.limit == 5 and len(ret.by_key) == 3
 
 
 def test_the_policy_off_keeps_no_counts():
@@ -210,3 +211,16 @@ def test_the_limit_grows_by_one_per_round_of_ended_programs():
         ret.release(key, "expired")
         limits.append(live.gate([], ret, 1).limit)
     assert limits == [4, 4, 4, 5]
+
+
+def test_one_pressure_event_at_most_halves_the_limit():
+    """Sessions of 8 turns closed; eight 1-turn programs project to 1 fitting, but the limit
+    falls only to half of the live ones."""
+    live, ret = LivePrograms(ceiling=16, enabled=True), FakeRetention()
+    paused(live, ret, "done", 8, back=0.0)
+    ret.release("done", "closed")
+    live.ended("done")
+    for k in range(8):
+        paused(live, ret, f"p{k}", 1, back=float(k))
+    live.gate([], ret, 1)
+    assert live.limit == 4 and len(ret.by_key) == 4
