@@ -27,8 +27,8 @@ limit is learnt from pressure and from how long programs run:
 While more programs are live than the limit, the paused ones over it are *shed*: their holds
 are released (reason ``limit``; the lowest priority rank first, then the smallest history —
 the cheapest to recompute —, then the one expected back last; pressure releases the smallest
-hold first too under this policy: ``Retention.cheapest_first``). Their KV stays in the tree as plain LRU entries, so a shed program whose
-pages survive loses nothing; it is no longer live, so its next turn waits at the gate instead
+hold first too under this policy: ``Retention.cheapest_first``). Their KV stays in the tree
+as plain LRU entries, so a shed program whose pages survive loses nothing; it is no longer live, so its next turn waits at the gate instead
 of growing a history that pressure would release later, and bigger.
 
 A waiting request of a program that is not live is admitted only while fewer than ``limit``
@@ -75,7 +75,6 @@ class LivePrograms:
         self.enabled = enabled
         self.lowered = 0                          # times pressure lowered the limit
         self.length: float | None = None          # mean turns of closed sessions
-        self._held: dict[Hashable, Hashable] = {}   # hold key -> its program (holds now)
         self._keys: dict[Hashable, Hashable] = {}   # hold key -> its program (remembered)
         self._turns: dict[Hashable, int] = {}       # program -> turns finished
         self._live: set[Hashable] = set()
@@ -93,7 +92,6 @@ class LivePrograms:
         if not self.enabled:
             return
         p = program_of(req)
-        self._held[key] = p
         self._keys.pop(key, None)
         self._keys[key] = p
         self._turns[p] = self._turns.pop(p, 0) + 1    # re-inserted last: newest remembered
@@ -116,10 +114,9 @@ class LivePrograms:
         if not self.enabled:
             return LiveGate(None, self.limit, False)
         running = list(running)
-        keys = {h.key for h in retention.holds()}
-        self._held = {k: p for k, p in self._held.items() if k in keys}
+        holds = [h for h in retention.holds() if h.key in self._keys]   # held() saw them
         active = {program_of(r) for r in running}
-        live = active | set(self._held.values())
+        live = active | {self._keys[h.key] for h in holds}
         pressure = preemptions + sum(retention.stats.released[r] for r in PRESSURE_REASONS)
         if pressure > self._pressure:
             self.limit = max(1, len(live) // 2, min(len(live), self._fit(live, active)))
@@ -131,7 +128,7 @@ class LivePrograms:
                 self.limit += 1
                 self._ended = 0
         self._pressure = pressure
-        live -= self._shed(live, active, retention)
+        live -= self._shed(live, active, holds, retention)
         self._live = live
         return LiveGate(live, self.limit, not running)
 
@@ -148,21 +145,25 @@ class LivePrograms:
             return 2 * age
         return max(self.length, age + 1)
 
-    def _shed(self, live: set[Hashable], active: set[Hashable],
+    def _shed(self, live: set[Hashable], active: set[Hashable], holds: list,
               retention: Retention) -> set[Hashable]:
-        """Release the holds of paused programs over the limit (module doc); the programs."""
+        """Release ``holds`` of paused programs over the limit (module doc); the programs
+        no longer live."""
         over = len(live) - self.limit
         if over <= 0:
             return set()
-        paused = [h for h in retention.holds() if h.key in self._held
-                  and self._held[h.key] not in active]
-        paused.sort(key=lambda h: (h.rank, h.pages, -h.expected_back))
+        keys_of: dict[Hashable, int] = {}            # program -> its holds not yet released
+        for h in holds:
+            keys_of[self._keys[h.key]] = keys_of.get(self._keys[h.key], 0) + 1
+        paused = sorted((h for h in holds if self._keys[h.key] not in active),
+                        key=lambda h: (h.rank, h.pages, -h.expected_back))
         shed: set[Hashable] = set()
         for h in paused:
             if len(shed) >= over:
                 break
-            p = self._held.pop(h.key)
-            if p not in self._held.values():
+            p = self._keys[h.key]
+            keys_of[p] -= 1
+            if not keys_of[p]:
                 shed.add(p)
             retention.release(h.key, "limit")
         return shed
