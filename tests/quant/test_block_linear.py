@@ -60,7 +60,7 @@ def test_matches_float64_reference_of_the_file_blocks(lib, qtype, N, K):
     assert lin(torch.randn(2, K, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
 def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
     raw = gguf_rows(torch.randn(203, 576).numpy(), qtype)          # 4-column tiles and 1-column tails
     lin = block_linear(lib, [(raw, qtype)])
@@ -68,7 +68,7 @@ def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
     together = lin(x)
     alone = torch.cat([lin(x[i:i + 1]) for i in range(23)])
     assert torch.equal(together, alone)
-    for m in (2, 3, 5, 6, 7):               # every tile shape: 2, 3 and 4 rows, and tails
+    for m in (2, 3, 5, 6, 7, 19, 20, 21):   # every tile shape and both sides of avx2's PANEL_ROWS
         assert torch.equal(lin(x[:m]), alone[:m]), m
     assert_same_at_one_thread(lin, x, together)
 

@@ -52,7 +52,7 @@ def test_native_matmul_matches_float64_reference(lib, qtype, N, K):
     lin = KBlockLinear(lib, split_kblocks(raw, qtype), bias=torch.arange(N, dtype=torch.float32))
     w = torch.from_numpy(gguf_decoded(raw, qtype)).double()
     assert torch.equal(lin.dequantize().double(), w)
-    for T in (1, 3, 9):
+    for T in (1, 3, 9, 37):                 # 37: through panels (avx2/panel.h)
         x = torch.randn(T, K)
         ref = quantized_activations(x) @ w.T + torch.arange(N).double()
         assert ((lin(x).double() - ref).norm() / ref.norm()).item() < 1e-5
@@ -63,7 +63,10 @@ def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
     lin = KBlockLinear(lib, split_kblocks(random_blocks(qtype, 203, 512), qtype))
     x = torch.randn(23, 512)
     together = lin(x)
-    assert torch.equal(together, torch.cat([lin(x[i:i + 1]) for i in range(23)]))
+    alone = torch.cat([lin(x[i:i + 1]) for i in range(23)])
+    assert torch.equal(together, alone)
+    for m in (2, 4, 5, 19, 20, 21):        # each path's tile shapes, both sides of PANEL_ROWS
+        assert torch.equal(lin(x[:m]), alone[:m]), m
     assert_same_at_one_thread(lin, x, together)
 
 
@@ -76,7 +79,7 @@ def test_a_chain_of_mixed_kinds_is_its_parts_side_by_side(lib):
              KBlockLinear(lib, split_kblocks(random_blocks("Q6_K", 32, K, 3), "Q6_K")),
              block_linear(lib, [(q8, "Q8_0")], bias=-torch.ones(16))]
     chain = ChainLinear(lib, parts)
-    for T in (1, 5):
+    for T in (1, 5, 24):
         x = torch.randn(T, K)
         assert torch.equal(chain(x), torch.cat([p(x) for p in parts], dim=1))
     assert chain.dequantize().shape == (112, K)

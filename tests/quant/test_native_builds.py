@@ -54,7 +54,8 @@ def test_a_cpu_without_avx2_keeps_the_torch_kernels(cpu):
 def test_each_build_has_its_own_sources_and_cache_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     for isa in native.ISAS:
-        own = [*native.OWN, "kquant.h"] if isa.kquants else list(native.OWN)
+        own = [*native.OWN, *isa.headers]
+        assert ("kquant.h" in isa.headers) == isa.kquants
         assert [p.name for p in isa.sources()][-len(own):] == own
         assert all(p.parent.name == isa.name for p in isa.sources()[-len(own):])
         assert all(p.exists() for p in isa.sources())
