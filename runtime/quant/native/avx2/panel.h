@@ -7,7 +7,8 @@
  * and multiplies it with the 16 columns at once (two vpmaddwd: 8 columns a vector), so a
  * column's exact block sum builds up in its own int32 lane: no reduction, 32 multiply-adds per
  * pair of loads. The block's scales (unpack_block's, the same floats as scales8's) sit beside
- * the panel; the float32 steps are qmatmul.c's contract, lane by lane.
+ * the panel; the float32 steps are qmatmul.c's contract, lane by lane. (Tried: the quants as
+ * float32 and FMAs, exact for Q4 kinds, whose partial sums stay below 2^24: no faster.)
  */
 #ifndef AGL_PANEL_H
 #define AGL_PANEL_H
@@ -50,7 +51,7 @@ static inline void transpose8(__m256i r[8])
 }
 
 /* Blocks b0..b1-1 (b1 - b0 <= KC) of weight rows n0..n0+nc-1 into pn (columns past nc: 0) */
-static void pack_panel(const agl_qweight *w, int kind, int64_t n0, int nc, int64_t b0,
+static inline __attribute__((always_inline)) void pack_panel(const agl_qweight *w, int kind, int64_t n0, int nc, int64_t b0,
                        int64_t b1, panel *pn)
 {
     for (int64_t b = b0; b < b1; b++) {
@@ -77,8 +78,33 @@ static void pack_panel(const agl_qweight *w, int kind, int64_t n0, int nc, int64
     }
 }
 
-/* Rows m..m+mr-1 (mr <= PR) over the panel's blocks b0..b1-1: acc[i][c] += the blocks' scaled
- * sums, t[i][c] += their min terms, in block order */
+/* Columns 8h..8h+7 of a block's sums of one row (s1: Q6_K's first half block, then s its
+ * second; other kinds: s) scaled into acc by the row's step dx_ and the panel's steps (e: the
+ * block in the panel), the min term (the row's sx) into t, lane by lane */
+static inline __attribute__((always_inline)) void
+finish_half(int kind, float dx_, float sx, const panel *pn, int64_t e, int h, __m256 s1, __m256 s,
+            float *acc, float *t)
+{
+    const __m256 dx = _mm256_set1_ps(dx_);
+    {
+        __m256 v = _mm256_loadu_ps(acc + 8 * h);
+        const __m256 d = _mm256_loadu_ps(pn->step[e] + 8 * h);
+        if (kind == AGL_Q6_K) {
+            v = _mm256_fmadd_ps(s1, _mm256_mul_ps(d, dx), v);
+            v = _mm256_fmadd_ps(s, _mm256_mul_ps(_mm256_loadu_ps(pn->step2[e] + 8 * h), dx), v);
+        } else {
+            v = _mm256_fmadd_ps(s, _mm256_mul_ps(d, dx), v);
+        }
+        _mm256_storeu_ps(acc + 8 * h, v);
+        if (has_min(kind))
+            _mm256_storeu_ps(t + 8 * h, _mm256_fmadd_ps(_mm256_loadu_ps(pn->min[e] + 8 * h),
+                                                        _mm256_set1_ps(sx),
+                                                        _mm256_loadu_ps(t + 8 * h)));
+    }
+}
+
+/* Rows m..m+mr-1 (mr <= PR) over the panel's blocks b0..b1-1: acc[i][c] += the blocks'
+ * scaled sums, t[i][c] += their min terms, in block order */
 static inline __attribute__((always_inline)) void
 panel_tile(int kind, const qact *a, int64_t m, int mr, int64_t b0, int64_t b1, const panel *pn,
            float (*acc)[PN], float (*t)[PN])
@@ -87,7 +113,7 @@ panel_tile(int kind, const qact *a, int64_t m, int mr, int64_t b0, int64_t b1, c
         const int32_t *wb = pn->pairs + (b - b0) * 16 * PN;
         __m256i s[PR][2], s1[PR][2];              /* s1: Q6_K's first half block */
         for (int i = 0; i < mr; i++)
-            s[i][0] = s[i][1] = _mm256_setzero_si256();
+            s[i][0] = s[i][1] = s1[i][0] = s1[i][1] = _mm256_setzero_si256();
         for (int p = 0; p < 16; p++) {
             if (kind == AGL_Q6_K && p == 8)
                 for (int i = 0; i < mr; i++) {
@@ -106,27 +132,23 @@ panel_tile(int kind, const qact *a, int64_t m, int mr, int64_t b0, int64_t b1, c
                 s[i][1] = _mm256_add_epi32(s[i][1], _mm256_madd_epi16(w1, x));
             }
         }
-        const int64_t e = b - b0;
-        for (int i = 0; i < mr; i++) {
-            const __m256 dx = _mm256_set1_ps(act_d(a, m + i, b));
-            for (int h = 0; h < 2; h++) {
-                __m256 v = _mm256_loadu_ps(acc[i] + 8 * h);
-                const __m256 d = _mm256_loadu_ps(pn->step[e] + 8 * h);
-                if (kind == AGL_Q6_K) {
-                    v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[i][h]), _mm256_mul_ps(d, dx), v);
-                    v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][h]),
-                                        _mm256_mul_ps(_mm256_loadu_ps(pn->step2[e] + 8 * h), dx), v);
-                } else {
-                    v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][h]), _mm256_mul_ps(d, dx), v);
-                }
-                _mm256_storeu_ps(acc[i] + 8 * h, v);
-                if (has_min(kind))
-                    _mm256_storeu_ps(t[i] + 8 * h,
-                                     _mm256_fmadd_ps(_mm256_loadu_ps(pn->min[e] + 8 * h),
-                                                     _mm256_set1_ps(act_s(a, m + i, b)),
-                                                     _mm256_loadu_ps(t[i] + 8 * h)));
-            }
-        }
+        for (int i = 0; i < mr; i++)
+            for (int h = 0; h < 2; h++)
+                finish_half(kind, act_d(a, m + i, b), act_s(a, m + i, b), pn, b - b0, h,
+                            _mm256_cvtepi32_ps(s1[i][h]), _mm256_cvtepi32_ps(s[i][h]), acc[i], t[i]);
+    }
+}
+
+/* pack_panel with the kind a constant */
+static void pack_any(const agl_qweight *w, int64_t n0, int nc, int64_t b0, int64_t b1, panel *pn)
+{
+    switch (w->kind) {
+    case AGL_Q4: pack_panel(w, AGL_Q4, n0, nc, b0, b1, pn); break;
+    case AGL_Q4_K: pack_panel(w, AGL_Q4_K, n0, nc, b0, b1, pn); break;
+    case AGL_Q6_K: pack_panel(w, AGL_Q6_K, n0, nc, b0, b1, pn); break;
+    case AGL_Q5: pack_panel(w, AGL_Q5, n0, nc, b0, b1, pn); break;
+    case AGL_Q5_K: pack_panel(w, AGL_Q5_K, n0, nc, b0, b1, pn); break;
+    default: pack_panel(w, AGL_Q8, n0, nc, b0, b1, pn);
     }
 }
 
@@ -138,6 +160,7 @@ panel_tile(int kind, const qact *a, int64_t m, int mr, int64_t b0, int64_t b1, c
         else panel_tile(kind, a, m, 1, b0, b1, pn, acc, t);                    \
     } while (0)
 
+/* rows m..m+mr-1 (mr <= PR) over the panel, the kind and mr as constants */
 static void run_panel_tile(int kind, const qact *a, int64_t m, int mr, int64_t b0, int64_t b1,
                            const panel *pn, float (*acc)[PN], float (*t)[PN])
 {
@@ -174,7 +197,7 @@ static int panel_matmul(const agl_qweight *w, const qact *a, int64_t M, float *y
                 memset(acc, 0, sizeof(float) * PN * (size_t)M * 2);
                 for (int64_t b0 = 0; b0 < kb; b0 += KC) {
                     const int64_t b1 = b0 + KC < kb ? b0 + KC : kb;
-                    pack_panel(w, w->kind, n0, nc, b0, b1, pn);
+                    pack_any(w, n0, nc, b0, b1, pn);
                     for (int64_t m = 0; m < M; m += PR) {
                         const int mr = M - m < PR ? (int)(M - m) : PR;
                         run_panel_tile(w->kind, a, m, mr, b0, b1, pn, acc + m, t + m);
