@@ -2,7 +2,7 @@
  * and its scales in float32 (the layouts: qmatmul.c's opening comment, kquant.h).
  *
  * A block b of weight row r is w[k] = step * q[k] + min, except Q6_K, whose halves (weights
- * 0..15 and 16..31) have steps of their own (step, step2) and no min. col_scales gives one
+ * 0..15 and 16..31) have steps of their own (step, step2) and no min. unpack_block gives one
  * row's, scales8 the same values for 8 consecutive rows at once (one gather a block instead of
  * 8 scalar reads): each value is computed by the same float32 operations either way, so the
  * two paths of qmatmul.c (rows.h, panel.h) multiply by identical scales.
@@ -28,6 +28,25 @@ static inline int has_min(int kind)
 {
     return kind == AGL_Q4 || kind == AGL_Q5 || kind == AGL_Q4_K || kind == AGL_Q5_K;
 }
+
+/* CALL(kind) with the weight kind k a compile-time constant (each case its own inlined copy),
+ * and CALL(kind, rows) with mr (1..4) one too */
+#define WITH_KIND(k, CALL)                                                    \
+    switch (k) {                                                              \
+    case AGL_Q4: CALL(AGL_Q4); break;                                         \
+    case AGL_Q5: CALL(AGL_Q5); break;                                         \
+    case AGL_Q4_K: CALL(AGL_Q4_K); break;                                     \
+    case AGL_Q5_K: CALL(AGL_Q5_K); break;                                     \
+    case AGL_Q6_K: CALL(AGL_Q6_K); break;                                     \
+    default: CALL(AGL_Q8);                                                    \
+    }
+#define WITH_ROWS(mr, CALL, kind)                                             \
+    do {                                                                      \
+        if (mr == 4) CALL(kind, 4);                                           \
+        else if (mr == 3) CALL(kind, 3);                                      \
+        else if (mr == 2) CALL(kind, 2);                                      \
+        else CALL(kind, 1);                                                   \
+    } while (0)
 
 /* Q4 / Q8 block b of weight row r as int16: weights 0..15 at lo, 16..31 at hi */
 static inline __attribute__((always_inline)) void
@@ -89,7 +108,7 @@ static inline __m128i gather8(const uint8_t *p, int64_t stride, int nc)
 static inline __m256 u8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 static inline __m256 i8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
-/* Block b's scales of rows n..n+nc-1 (nc <= 8; lanes past nc: 0), as col_scales computes each */
+/* Block b's scales of rows n..n+nc-1 (nc <= 8; lanes past nc: 0), as unpack_block computes each */
 static inline __attribute__((always_inline)) void
 scales8(const agl_qweight *w, int kind, int64_t n, int nc, int64_t b, __m256 *step,
         __m256 *step2, __m256 *min)

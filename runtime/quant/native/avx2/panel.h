@@ -140,42 +140,27 @@ panel_tile(int kind, const qact *a, int64_t m, int mr, int64_t b0, int64_t b1, c
 }
 
 /* pack_panel with the kind a constant */
+#define PACK(kind) pack_panel(w, kind, n0, nc, b0, b1, pn)
+
 static void pack_any(const agl_qweight *w, int64_t n0, int nc, int64_t b0, int64_t b1, panel *pn)
 {
-    switch (w->kind) {
-    case AGL_Q4: pack_panel(w, AGL_Q4, n0, nc, b0, b1, pn); break;
-    case AGL_Q4_K: pack_panel(w, AGL_Q4_K, n0, nc, b0, b1, pn); break;
-    case AGL_Q6_K: pack_panel(w, AGL_Q6_K, n0, nc, b0, b1, pn); break;
-    case AGL_Q5: pack_panel(w, AGL_Q5, n0, nc, b0, b1, pn); break;
-    case AGL_Q5_K: pack_panel(w, AGL_Q5_K, n0, nc, b0, b1, pn); break;
-    default: pack_panel(w, AGL_Q8, n0, nc, b0, b1, pn);
-    }
+    WITH_KIND(w->kind, PACK)
 }
 
-#define PANEL_TILE(kind)                                                       \
-    do {                                                                       \
-        if (mr == 4) panel_tile(kind, a, m, 4, b0, b1, pn, acc, t);            \
-        else if (mr == 3) panel_tile(kind, a, m, 3, b0, b1, pn, acc, t);       \
-        else if (mr == 2) panel_tile(kind, a, m, 2, b0, b1, pn, acc, t);       \
-        else panel_tile(kind, a, m, 1, b0, b1, pn, acc, t);                    \
-    } while (0)
-
 /* rows m..m+mr-1 (mr <= PR) over the panel, the kind and mr as constants */
+#define PANEL_CALL(kind, rows) panel_tile(kind, a, m, rows, b0, b1, pn, acc, t)
+#define PANEL_TILE(kind) WITH_ROWS(mr, PANEL_CALL, kind)
+
 static void run_panel_tile(int kind, const qact *a, int64_t m, int mr, int64_t b0, int64_t b1,
                            const panel *pn, float (*acc)[PN], float (*t)[PN])
 {
-    switch (kind) {
-    case AGL_Q4: PANEL_TILE(AGL_Q4); break;
-    case AGL_Q5: PANEL_TILE(AGL_Q5); break;
-    case AGL_Q4_K: PANEL_TILE(AGL_Q4_K); break;
-    case AGL_Q5_K: PANEL_TILE(AGL_Q5_K); break;
-    case AGL_Q6_K: PANEL_TILE(AGL_Q6_K); break;
-    default: PANEL_TILE(AGL_Q8);
-    }
+    WITH_KIND(kind, PANEL_TILE)
 }
 
 /* As rows_matmul (rows.h), through panels: each thread a contiguous range of them. 0, or -1
- * without memory for a thread's panel and sums. */
+ * without memory for a thread's panel and sums. (Tried: MC rows at a time, a chunk of blocks
+ * for all of a thread's panels, so a chunk's activations stay in L2: no faster at 8192
+ * in-features and 512 rows.) */
 static int panel_matmul(const agl_qweight *w, const qact *a, int64_t M, float *y, int64_t ldy,
                         int accumulate, int nthreads)
 {

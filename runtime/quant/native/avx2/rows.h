@@ -83,25 +83,13 @@ rows_tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int6
 }
 
 /* rows_tile with mr (1..RR) and the kind as constants */
-#define ROWS_TILE(kind)                                                      \
-    do {                                                                     \
-        if (mr == 4) rows_tile(w, kind, a, m, 4, n, nc, out);                \
-        else if (mr == 3) rows_tile(w, kind, a, m, 3, n, nc, out);           \
-        else if (mr == 2) rows_tile(w, kind, a, m, 2, n, nc, out);           \
-        else rows_tile(w, kind, a, m, 1, n, nc, out);                        \
-    } while (0)
+#define ROWS_CALL(kind, rows) rows_tile(w, kind, a, m, rows, n, nc, out)
+#define ROWS_TILE(kind) WITH_ROWS(mr, ROWS_CALL, kind)
 
 static void run_rows_tile(const agl_qweight *w, const qact *a, int64_t m, int mr, int64_t n,
                           int nc, float out[RR][8])
 {
-    switch (w->kind) {
-    case AGL_Q4: ROWS_TILE(AGL_Q4); break;
-    case AGL_Q5: ROWS_TILE(AGL_Q5); break;
-    case AGL_Q4_K: ROWS_TILE(AGL_Q4_K); break;
-    case AGL_Q5_K: ROWS_TILE(AGL_Q5_K); break;
-    case AGL_Q6_K: ROWS_TILE(AGL_Q6_K); break;
-    default: ROWS_TILE(AGL_Q8);
-    }
+    WITH_KIND(w->kind, ROWS_TILE)
 }
 
 /* y's columns n0.. of one weight of the chain (stride ldy), all M rows, this thread's share
