@@ -48,6 +48,11 @@ def program_of(req: Any) -> Hashable:
     return ("request", g.rid)
 
 
+def single_call(req: Any) -> bool:
+    """``req`` is its own program (no session, no agent label): it ends with its request."""
+    return req.group.session is None and req.group.params.agent is None
+
+
 class ProgramService:
     """Tokens run per program, bounded (module doc)."""
 

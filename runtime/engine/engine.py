@@ -46,6 +46,7 @@ from agentlang.runtime.request.request import RequestGroup
 from agentlang.runtime.engine.request_builder import LazyGrammarCache, RequestBuilder
 from agentlang.runtime.engine.request_tracker import RequestTracker
 from agentlang.runtime.sampling.params import SamplingParams
+from agentlang.runtime.scheduler.live_programs import busy_requests
 from agentlang.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from agentlang.runtime.speculative import DraftPolicy
 
@@ -85,7 +86,8 @@ class Engine:
                             low_priority_values_first=cfg.schedule_low_priority_values_first,
                             max_lower_priority_tokens=cfg.max_lower_priority_tokens,
                             urgent_slots=cfg.urgent_slots,
-                            retain_max_pages=int(cfg.session_max_fraction * self.pool.num_pages)),
+                            retain_max_pages=int(cfg.session_max_fraction * self.pool.num_pages),
+                            busy_requests=busy_requests(cfg.speculative_row_cost)),
             self.allocator, self.cache, copy)
         graphs = make_decode_graphs(cfg.cuda_graph, self.model, self.pool, self.backend,
                                     self.allocator, cfg.max_running, mc.max_position_embeddings)

@@ -32,7 +32,18 @@ as plain LRU entries, so a shed program whose pages survive loses nothing; it is
 of growing a history that pressure would release later, and bigger.
 
 A waiting request of a program that is not live is admitted only while fewer than ``limit``
-programs are live, or when nothing runs (no one else would make progress). Requests of live
+programs are live, or when nothing runs (no one else would make progress).
+
+The memory limit alone lets every program start while the pool has room, and programs that all
+run at once share the step: each finishes only when nearly all do. For programs of similar
+length the mean completion time is lowest when as few run at once as keep the step near its
+peak throughput, the others waiting their turn (as programs ended one after another rather
+than together). So a new *multi-call* program (a session or an agent label;
+``program_service.single_call`` requests are exempt: they end with their request) starts only
+while fewer than ``busy`` requests run (:func:`busy_requests`: the fewest rows at which the
+step reaches :data:`BUSY_SHARE` of its peak rows per second, from the engine's row cost);
+paused programs do not run, so programs waiting on tools make room for new ones and the step
+stays busy. ``busy`` None: no such bound. Requests of live
 programs (an agent's next turn, a preempted request's siblings) are never held back. The
 scheduler lets requests that outrank a running one past it (a higher priority never waits for
 it). With any other policy the gate is open. Stepping thread only.
@@ -40,39 +51,62 @@ it). With any other policy the gate is open. Stepping thread only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable
 from typing import Any
 
 from agentlang.runtime.cache.retention import Retention
-from agentlang.runtime.core.program_service import program_of
+from agentlang.runtime.core.program_service import program_of, single_call
 
 PRESSURE_REASONS = ("pressure", "cap")   # hold releases that mean the pool is short
 LENGTH_MEMORY = 0.25    # weight of the newest closed session in the mean program length
 MAX_PROGRAMS_REMEMBERED = 4096   # programs whose turns are counted (oldest forgotten first)
+# the share of the step's peak rows per second that the requests running at once should reach
+# before a new multi-call program starts (a step of R rows costs 1 + c (R - 1) one-row steps)
+BUSY_SHARE = 0.8
+
+
+def busy_requests(row_cost: float, share: float = BUSY_SHARE) -> int:
+    """The fewest rows ``R`` whose rows per second, ``R / (1 + c (R - 1))``, reach ``share`` of
+    the peak ``1 / c`` (``c``: ``row_cost`` in (0, 1]; ``share`` in (0, 1)): ``R >= share (1 -
+    c) / (c (1 - share))``, at least 1. With the default row cost of 2 AVX2 cores (0.35): 8; on
+    a step that is memory-bound to hundreds of rows (a GPU, ``c`` ~0.01): ~400."""
+    if not 0 < row_cost <= 1 or not 0 < share < 1:
+        raise ValueError(f"row_cost must be in (0, 1] and share in (0, 1), got {row_cost!r}, "
+                         f"{share!r}")
+    return max(1, math.ceil(share * (1 - row_cost) / (row_cost * (1 - share)) - 1e-9))
 
 
 class LiveGate:
-    """One step's admission test (:meth:`LivePrograms.gate`)."""
+    """One step's admission test (:meth:`LivePrograms.gate`): ``running`` requests run now
+    (admissions add to it); a new multi-call program needs fewer than ``busy`` (None: no
+    bound)."""
 
-    def __init__(self, live: set[Hashable] | None, limit: int, idle: bool):
+    def __init__(self, live: set[Hashable] | None, limit: int, idle: bool, running: int = 0,
+                 busy: int | None = None):
         self.live, self.limit, self.idle = live, limit, idle   # live None: the gate is open
+        self.running, self.busy = running, busy
 
     def allows(self, req: Any) -> bool:
-        return self.live is None or self.idle or len(self.live) < self.limit \
-            or program_of(req) in self.live
+        if self.live is None or self.idle or program_of(req) in self.live:
+            return True
+        return len(self.live) < self.limit and \
+            (self.busy is None or self.running < self.busy or single_call(req))
 
     def admitted(self, req: Any) -> None:
         if self.live is not None:
             self.live.add(program_of(req))
             self.idle = False
+            self.running += 1
 
 
 class LivePrograms:
     """The limit and what it learnt from (module doc); ``enabled`` False: always open."""
 
-    def __init__(self, ceiling: int, enabled: bool):
+    def __init__(self, ceiling: int, enabled: bool, busy: int | None = None):
         self.ceiling = self.limit = ceiling
         self.enabled = enabled
+        self.busy = busy                          # running requests before a new program starts
         self.lowered = 0                          # times pressure lowered the limit
         self.length: float | None = None          # mean turns of closed sessions
         self._keys: dict[Hashable, Hashable] = {}   # hold key -> its program (remembered)
@@ -130,7 +164,7 @@ class LivePrograms:
         self._pressure = pressure
         live -= self._shed(live, active, holds, retention)
         self._live = live
-        return LiveGate(live, self.limit, not running)
+        return LiveGate(live, self.limit, not running, len(running), self.busy)
 
     def _fit(self, live: set[Hashable], active: set[Hashable]) -> int:
         """How many programs of projected length fit in the turns the live ones hold now."""

@@ -54,6 +54,7 @@ class SchedulerConfig:
     urgent_slots: int = 4   # running above max_running for requests that outrank a running one
     retain_max_pages: int = 0   # pages session holds may keep (cache.retention)
     schedule_policy: str = "lpm"   # or "program" / "continue" / "live" (core.program_service)
+    busy_requests: int | None = None   # ``live``: running requests before a new program starts
 
 
 class Scheduler:
@@ -68,7 +69,8 @@ class Scheduler:
         self.policy = PriorityPolicy(cfg.low_priority_values_first, cfg.max_wait_steps,
                                      cfg.schedule_policy)
         self.retention = Retention(cache, cfg.retain_max_pages, cfg.schedule_policy == "live")
-        self.live = LivePrograms(cfg.max_running, cfg.schedule_policy == "live")
+        self.live = LivePrograms(cfg.max_running, cfg.schedule_policy == "live",
+                                 cfg.busy_requests)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0

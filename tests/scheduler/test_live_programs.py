@@ -9,7 +9,9 @@ import time
 from types import SimpleNamespace
 
 from agentlang.runtime.cache.retention import REASONS
-from agentlang.runtime.scheduler.live_programs import LivePrograms
+import pytest
+
+from agentlang.runtime.scheduler.live_programs import LivePrograms, busy_requests
 from tests.support.step_harness import StepHarness, expected_tokens
 
 PS = 4
@@ -224,3 +226,45 @@ def test_one_pressure_event_at_most_halves_the_limit():
         paused(live, ret, f"p{k}", 1, back=float(k))
     live.gate([], ret, 1)
     assert live.limit == 4 and len(ret.by_key) == 4
+
+
+def test_new_programs_start_while_fewer_requests_than_busy_run():
+    """``busy_requests`` 2: of five agents arriving together two start; three single calls
+    (their own programs) are not held back; when a running agent pauses on a tool (its turn
+    held) while the other still runs, one waiting agent starts although the paused one stays
+    live, and only one; outputs unchanged, no page left behind."""
+    h = StepHarness(page_size=PS, schedule_policy="live", busy_requests=2, retain_max_pages=64)
+    tokens = [4, 12, 8, 8, 8]
+    progs = [h.submit(prompt(k), max_tokens=n, ignore_eos=True, agent=f"a{k}")
+             for k, n in enumerate(tokens)]
+    singles = [h.submit(prompt(10 + k), max_tokens=2, ignore_eos=True) for k in range(3)]
+    h.step()
+    assert [g.admit_time is not None for g in progs] == [True, True, False, False, False]
+    assert all(g.admit_time is not None for g in singles)
+    while not progs[0].finished:
+        h.step()
+    h.scheduler.retain(progs[0].children[0], "a0", time.monotonic(), 100.0, None)
+    assert progs[2].admit_time is None and not progs[1].finished
+    h.step()                                  # a0 paused: one request fewer runs
+    assert [g.admit_time is not None for g in progs] == [True, True, True, False, False]
+    assert h.scheduler.live.live_now == 3     # a0 (held), a1, a2
+    h.run()
+    for k, g in enumerate(progs):
+        assert g.children[0].output_ids == expected_tokens(prompt(k), tokens[k])
+    for k, g in enumerate(singles):
+        assert g.children[0].output_ids == expected_tokens(prompt(10 + k), 2)
+    h.scheduler.retention.release_all("flushed")
+    h.assert_no_leak()
+
+
+def test_busy_requests_from_the_row_cost():
+    """The fewest rows reaching 80 % of the peak rows per second ``1 / c``: a compute-bound
+    step (c = 1) one, 2 AVX2 cores (0.35) 8, a memory-bound step (0.01) hundreds."""
+    assert [busy_requests(c) for c in (1.0, 0.5, 0.35, 0.2, 0.01)] == [1, 4, 8, 16, 396]
+    for c in (0.5, 0.35, 0.2):
+        r = busy_requests(c)
+        rate = lambda n: n / (1 + c * (n - 1))          # noqa: E731
+        assert rate(r) >= 0.8 / c > rate(r - 1)
+    for bad in (0.0, 1.5, -1.0):
+        with pytest.raises(ValueError, match="row_cost"):
+            busy_requests(bad)

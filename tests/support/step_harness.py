@@ -90,14 +90,15 @@ class StepHarness:
                  max_agent_labels: int = 32, max_lower_priority_tokens: int = 8,
                  urgent_slots: int = 4, speculative: bool = False,
                  policy: DraftPolicy | None = None, schedule_policy: str = "lpm",
-                 retain_max_pages: int = 0):
+                 retain_max_pages: int = 0, busy_requests: int | None = None):
         self.allocator = PageAllocator(num_pages)
         self.cache = RadixCache(self.allocator, page_size)
         self.scheduler = Scheduler(
             SchedulerConfig(page_size, max_batch_tokens, max_running, max_wait_steps,
                             min_shared_prefix, low_priority_values_first,
                             max_lower_priority_tokens, urgent_slots,
-                            retain_max_pages=retain_max_pages, schedule_policy=schedule_policy),
+                            retain_max_pages=retain_max_pages, schedule_policy=schedule_policy,
+                            busy_requests=busy_requests),
             self.allocator, self.cache, lambda src, dst: None)
         self.agent_stats = AgentStats(max_agent_labels)
         self.tracker = RequestTracker(self.agent_stats)
