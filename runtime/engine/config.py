@@ -11,6 +11,8 @@ from agentlang.runtime.speculative.policy import (DEFAULT_MAX_DRAFT, ROW_COST, c
                                                   check_row_cost)
 from agentlang.runtime.speculative.shared_lookup import SHARED_CAP
 from agentlang.runtime.core.program_service import check_schedule_policy
+from agentlang.runtime.scheduler.live_programs import busy_requests
+from agentlang.runtime.scheduler.config import SchedulerConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -121,3 +123,13 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    def scheduler_config(self, num_pages: int) -> SchedulerConfig:
+        """The scheduler's settings for a pool of ``num_pages`` pages."""
+        return SchedulerConfig(self.page_size, self.max_batch_tokens, self.max_running,
+                               self.max_wait_steps, schedule_policy=self.schedule_policy,
+                               low_priority_values_first=self.schedule_low_priority_values_first,
+                               max_lower_priority_tokens=self.max_lower_priority_tokens,
+                               urgent_slots=self.urgent_slots,
+                               retain_max_pages=int(self.session_max_fraction * num_pages),
+                               busy_requests=busy_requests(self.speculative_row_cost))

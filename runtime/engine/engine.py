@@ -46,8 +46,7 @@ from agentlang.runtime.request.request import RequestGroup
 from agentlang.runtime.engine.request_builder import LazyGrammarCache, RequestBuilder
 from agentlang.runtime.engine.request_tracker import RequestTracker
 from agentlang.runtime.sampling.params import SamplingParams
-from agentlang.runtime.scheduler.live_programs import busy_requests
-from agentlang.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from agentlang.runtime.scheduler.scheduler import Scheduler
 from agentlang.runtime.speculative import DraftPolicy
 
 
@@ -80,15 +79,8 @@ class Engine:
         self.allocator = PageAllocator(self.pool.num_pages, self.pool.windows)
         self.cache = RadixCache(self.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache)
         copy = lambda src, dst: self.backend.copy_pages(self.pool, src, dst)  # noqa: E731
-        self.scheduler = Scheduler(
-            SchedulerConfig(cfg.page_size, cfg.max_batch_tokens, cfg.max_running,
-                            cfg.max_wait_steps, schedule_policy=cfg.schedule_policy,
-                            low_priority_values_first=cfg.schedule_low_priority_values_first,
-                            max_lower_priority_tokens=cfg.max_lower_priority_tokens,
-                            urgent_slots=cfg.urgent_slots,
-                            retain_max_pages=int(cfg.session_max_fraction * self.pool.num_pages),
-                            busy_requests=busy_requests(cfg.speculative_row_cost)),
-            self.allocator, self.cache, copy)
+        self.scheduler = Scheduler(cfg.scheduler_config(self.pool.num_pages), self.allocator,
+                                   self.cache, copy)
         graphs = make_decode_graphs(cfg.cuda_graph, self.model, self.pool, self.backend,
                                     self.allocator, cfg.max_running, mc.max_position_embeddings)
         self.runner = ModelRunner(self.model, self.pool, self.backend, graphs)

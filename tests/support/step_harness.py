@@ -17,7 +17,8 @@ from agentlang.runtime.request.limits import RequestLimits
 from agentlang.runtime.engine.request_tracker import RequestTracker
 from agentlang.runtime.sampling.params import SamplingParams
 from agentlang.runtime.scheduler.scheduled import ScheduledItem
-from agentlang.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from agentlang.runtime.scheduler.config import SchedulerConfig
+from agentlang.runtime.scheduler.scheduler import Scheduler
 from agentlang.runtime.speculative import DraftPolicy
 
 VOCAB = 64
