@@ -34,9 +34,17 @@ class SharedGroup:
 
 
 @dataclass(frozen=True)
+class OwnPages:
+    """Every row's own (unshared) part as the native kernel reads it, in batch order."""
+    pages: torch.Tensor         # [B, n] int64: each row's own pages, in order (padded: unread)
+    lens: torch.Tensor          # [B] int64: own keys of each row (>= 1: its new token)
+
+
+@dataclass(frozen=True)
 class DecodePlan:
     buckets: tuple[Bucket, ...]
     groups: tuple[SharedGroup, ...]
+    own: OwnPages
 
 
 def decode_plan(page_table: torch.Tensor, seq_lens: list[int], page_size: int) -> DecodePlan:
@@ -61,8 +69,12 @@ def decode_plan(page_table: torch.Tensor, seq_lens: list[int], page_size: int) -
             masked = (torch.arange(L)[None, :] >= torch.tensor(lens)[:, None])[:, None, None, :]
         buckets.append(Bucket(None if everyone else torch.tensor(rows), pages.contiguous(), L,
                               masked))
+    width = (max(own_lens) + page_size - 1) // page_size
+    cols = (torch.tensor(shared)[:, None] + torch.arange(width)[None, :]).clamp_(
+        max=table.shape[1] - 1)
+    own = OwnPages(table.gather(1, cols), torch.tensor(own_lens, dtype=torch.int64))
     return DecodePlan(tuple(buckets), tuple(SharedGroup(torch.tensor(rows), table[rows[0], :n])
-                                            for rows, n in groups))
+                                            for rows, n in groups), own)
 
 
 def shared_prefix_groups(table: torch.Tensor, seq_lens: list[int], page_size: int

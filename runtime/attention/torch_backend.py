@@ -7,6 +7,10 @@
   When sequences share their leading pages (a common system prompt, forks, n > 1), the shared
   part is read **once** for the whole group and merged with each sequence's own suffix by
   log-sum-exp (cascade attention), so a 1k-token shared prompt is not re-read per sequence.
+  Where the native library runs (CPU, float32 / bf16, unquantized pool), each sequence's own
+  part is attended by ``runtime/quant/native/paged_attention.c`` reading the pages in place
+  (no gathered copy; 2.3x faster decode attention on the independent workload, issue 29);
+  the buckets below are the fallback.
 * Steps with longer extends: sequences whose cached prefixes begin with the same pages (n
   requests with one system prompt) attend to those pages once for the whole group, merged
   with each one's own part (:mod:`agentlang.runtime.attention.cascade`); any other sequence runs alone,
@@ -24,6 +28,17 @@ from agentlang.runtime.attention.decode_plan import DecodePlan, decode_plan
 from agentlang.runtime.attention.forward_batch import ForwardBatch
 from agentlang.runtime.attention.window import windowed_attend
 from agentlang.runtime.cache.kv_pool import KVPool
+from agentlang.runtime.quant.native import QMatmulLibrary, qmatmul_library
+
+
+def native_decode(q: torch.Tensor, pool: KVPool) -> QMatmulLibrary | None:
+    """The native library where a decode step's attention runs in it
+    (``runtime/quant/native/paged_attention.c``: each row's pages read in place, no gathered
+    copy): CPU, float32 or bfloat16 queries and an unquantized pool; else None."""
+    if (q.device.type != "cpu" or pool.layout.quantized
+            or q.dtype not in (torch.float32, torch.bfloat16)):
+        return None
+    return qmatmul_library()
 
 
 class TorchAttentionBackend:
@@ -79,6 +94,13 @@ class TorchAttentionBackend:
         Hkv = pool.layout.num_kv_heads
         qg = q.view(B, Hkv, Hq // Hkv, D)
         cascade = bool(plan.groups)
+        native = native_decode(q, pool)
+        if native is not None:
+            o, l = native.paged_decode(q, pool.k_cache(layer), pool.v_cache(layer),
+                                       plan.own.pages, plan.own.lens, scale)
+            out, lse = o.view(B, Hkv, Hq // Hkv, D), l.view(B, Hkv, Hq // Hkv)
+            return TorchAttentionBackend._merge_shared(qg, out, lse, pool, layer, plan,
+                                                       scale).reshape(B, Hq, D)
 
         def kv(pages: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
             return kv_of(pool, layer, pages, length, q.dtype)            # [..., L, Hkv, D]
@@ -95,11 +117,19 @@ class TorchAttentionBackend:
             out[rows] = o
             if cascade:
                 lse[rows] = l
+        return TorchAttentionBackend._merge_shared(qg, out, lse, pool, layer, plan,
+                                                   scale).reshape(B, Hq, D)
+
+    @staticmethod
+    def _merge_shared(qg, out, lse, pool: KVPool, layer: int, plan: DecodePlan, scale: float):
+        """``out`` [B, Hkv, G, D] (each row's own part, lse [B, Hkv, G]) merged with each
+        shared group's part, attended once for the group (cascade attention)."""
         for g in plan.groups:
-            kp, vp = kv(g.pages, g.pages.numel() * pool.page_size)       # [n*S, Hkv, D]
+            kp, vp = kv_of(pool, layer, g.pages, g.pages.numel() * pool.page_size,
+                           qg.dtype)                                     # [n*S, Hkv, D]
             out[g.rows] = merge_lse(out[g.rows], lse[g.rows],
                                     *attend_shared(qg[g.rows], kp, vp, scale))
-        return out.reshape(B, Hq, D)
+        return out
 
     def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:
         pool.copy_pages(src, dst)

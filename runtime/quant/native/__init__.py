@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SHARED = ("qmatmul.h", "vecmath.h", "decode_layer.c")     # in this folder, used by every build
+SHARED = ("qmatmul.h", "vecmath.h", "decode_layer.c", "paged_attention.c")     # in this folder, used by every build
 OWN = ("qmatmul.c", "dequant.c", "softmax.c")             # in each build's folder
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")
 KIND_Q4, KIND_Q8 = 4, 8
@@ -104,6 +104,16 @@ class QWeight(ctypes.Structure):
                    _ptr(mn), _ptr(hb))
 
 
+class PagedDecode(ctypes.Structure):
+    """``agl_paged``: a decode step's view of one layer's KV pool (``paged_attention.c``)."""
+
+    _fields_ = [("B", ctypes.c_int64), ("nh", ctypes.c_int64), ("nkv", ctypes.c_int64),
+                ("hd", ctypes.c_int64), ("page_size", ctypes.c_int64),
+                ("max_pages", ctypes.c_int64), ("page_table", ctypes.c_void_p),
+                ("lens", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+                ("kv_bf16", ctypes.c_int32), ("scale", ctypes.c_float)]
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -124,6 +134,10 @@ class QMatmulLibrary:
         self._dequant.restype = None
         self._dequant.argtypes = [ctypes.POINTER(QWeight), ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_void_p, ctypes.c_int]
+        self._paged = self.lib.agl_paged_decode
+        self._paged.restype = ctypes.c_int
+        self._paged.argtypes = [ctypes.POINTER(PagedDecode), ctypes.c_void_p, ctypes.c_int,
+                                ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         self._softmax = self.lib.agl_softmax_lse
         self._softmax.restype = None
         self._softmax.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
@@ -151,6 +165,38 @@ class QMatmulLibrary:
         self._dequant(ctypes.byref(w), rows.start, rows.stop, out.data_ptr(),
                       torch.get_num_threads())
         return out
+
+    def paged_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     pages: torch.Tensor, lens: torch.Tensor, scale: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode attention read through page tables (``agl_paged_decode``).
+
+        q: [B, Hq, D] float32 or bfloat16; k, v: one layer's pool [P, S, Hkv, D] (float32 or
+        bfloat16, contiguous); pages: int64 [B, n] each row's pages in order; lens: int64 [B]
+        keys of each row (1..n*S). Returns out [B, Hq, D] in q's dtype and lse [B, Hq] float32,
+        as ``cascade.attend_lse`` gives them (the arithmetic in float32)."""
+        B, Hq, D = q.shape
+        dtypes = (torch.float32, torch.bfloat16)
+        if q.dtype not in dtypes or k.dtype not in dtypes or v.dtype != k.dtype:
+            raise ValueError(f"q, k, v must be float32 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+        q = q.contiguous()
+        pages, lens = pages.contiguous(), lens.contiguous()
+        if pages.dtype != torch.int64 or lens.dtype != torch.int64 or pages.shape[0] != B:
+            raise ValueError("pages [B, n] and lens [B] must be int64")
+        out = torch.empty_like(q)
+        lse = torch.empty(B, Hq, dtype=torch.float32)
+        desc = PagedDecode(B, Hq, k.shape[2], D, k.shape[1], pages.shape[1], pages.data_ptr(),
+                           lens.data_ptr(), k.data_ptr(), v.data_ptr(),
+                           int(k.dtype == torch.bfloat16), scale)
+        bf16 = int(q.dtype == torch.bfloat16)
+        rc = self._paged(ctypes.byref(desc), q.data_ptr(), bf16, out.data_ptr(), bf16,
+                         lse.data_ptr(), torch.get_num_threads())
+        if rc == -2:
+            raise ValueError(f"paged_decode: lens must be in 1..{pages.shape[1] * k.shape[1]} "
+                             f"and {Hq} query heads a multiple of {k.shape[2]} KV heads")
+        if rc != 0:
+            raise MemoryError("paged_decode: no memory for the scores")
+        return out, lse
 
     def softmax_lse_(self, s: torch.Tensor, scale: float) -> torch.Tensor:
         """In place: the last dim of ``s`` (float32 or bfloat16, contiguous, on the CPU) becomes

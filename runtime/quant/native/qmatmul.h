@@ -1,5 +1,5 @@
 /* The entry points of the native library and the weight they share (qmatmul.c, decode_layer.c,
- * dequant.c, softmax.c). */
+ * dequant.c, softmax.c, paged_attention.c). */
 #ifndef AGL_QMATMUL_H
 #define AGL_QMATMUL_H
 #include <stdint.h>
@@ -39,5 +39,22 @@ void agl_dequant_bf16(const agl_qweight *w, int64_t r0, int64_t r1, uint16_t *ou
  * softmax of scale * s; lse[r] = its log-sum-exp (softmax.c). */
 void agl_softmax_lse(void *s, int bf16, int64_t rows, int64_t L, float scale, float *lse,
                      int nthreads);
+
+/* Decode attention over a paged KV pool (paged_attention.c): B rows of one query token each. */
+typedef struct {
+    int64_t B, nh, nkv, hd, page_size;
+    int64_t max_pages;              /* page_table's row stride */
+    const int64_t *page_table;      /* [B, max_pages]: each row's pages, in order */
+    const int64_t *lens;            /* [B]: keys of each row, its pages' first lens[b] positions */
+    const void *k, *v;              /* this layer's K and V: [pages, page_size, nkv, hd] */
+    int32_t kv_bf16;                /* k, v: bfloat16 bits (1) or float32 (0) */
+    float scale;
+} agl_paged;
+
+/* out [B, nh, hd] (bf16 bits with out_bf16, else float32) = softmax(scale q k^T) v per query
+ * head of q [B, nh, hd] (bf16 bits with q_bf16), lse [B, nh] float32 (or NULL): 0, -1
+ * without memory, -2 for dimensions it cannot take (a length outside 1..max_pages*page_size). */
+int agl_paged_decode(const agl_paged *p, const void *q, int q_bf16, void *out, int out_bf16,
+                     float *lse, int nthreads);
 
 #endif

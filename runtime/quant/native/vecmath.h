@@ -25,6 +25,7 @@ static inline __m512 from_bf16(__m256i h)
 }
 
 /* the row helpers' vocabulary (below): 16 lanes */
+#define vf_load_bf16(p) from_bf16(_mm256_loadu_si256((const __m256i *)(p)))   /* VL bf16 */
 typedef __m512 vf;
 #define VL 16
 #define vf_load _mm512_loadu_ps
@@ -80,6 +81,7 @@ static inline float hsum8(__m256 v)
 }
 
 /* the row helpers' vocabulary (below): 8 lanes */
+#define vf_load_bf16(p) from_bf16_8(_mm_loadu_si128((const __m128i *)(p)))      /* VL bf16 */
 typedef __m256 vf;
 #define VL 8
 #define vf_load _mm256_loadu_ps

@@ -1,0 +1,245 @@
+/* Decode attention read straight from the paged KV pool, for runtime/attention/torch_backend.py.
+ *
+ * A decode step appends one token to each of B sequences; each of its query heads attends to
+ * its sequence's keys, read through the sequence's page table from this layer's pool
+ * ([pages, page_size, nkv, hd], float32 or bfloat16 as stored). The torch path gathers every
+ * sequence's pages into a padded copy and multiplies that (two more passes over the K/V and
+ * a few rows a matmul); here each (sequence, KV head) is one task that reads its keys once for
+ * its G query heads (GQA) and its values once:
+ *
+ *   s[g, t] = q_g . k_t                       (float32 sums over hd, one fixed order)
+ *   p[g] = softmax(scale * s[g]),  lse[g] = log sum e^(scale * s[g])   
+ *   out_g = sum_t p[g, t] v_t                 (t ascending)
+ *
+ * The arithmetic is float32 whatever the storage (bf16 values are widened exactly; a bf16
+ * output is rounded to nearest even once, at the end). A row's result depends only on its own
+ * query, keys and values: not on the other rows of the step, the thread count or the batch
+ * size. lse lets the caller merge this part with attention over keys it holds elsewhere (the
+ * shared prefix of a cascade, runtime/attention/cascade.py).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qmatmul.h"
+#include "vecmath.h"
+
+/* n values at p (float32, or bfloat16 bits when bf16) as float32 into dst */
+static void widen(const void *p, int bf16, int64_t n, float *dst)
+{
+    if (!bf16) {
+        memcpy(dst, p, sizeof(float) * (size_t)n);
+        return;
+    }
+    const uint16_t *h = p;
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL)
+        vf_store(dst + i, vf_load_bf16(h + i));
+    for (; i < n; i++) {
+        const uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(dst + i, &u, sizeof(float));
+    }
+}
+
+/* n float32 values into p (float32, or bfloat16 bits rounded to nearest even when bf16) */
+static void narrow(const float *src, int64_t n, int bf16, void *p)
+{
+    if (!bf16) {
+        memcpy(p, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *h = p;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, sizeof(float));
+        h[i] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+
+/* Keys are walked page by page (no division a key): page pg of a row holds keys pg * S ..
+ * pg * S + S - 1, key t0 + o at page_row(..) + o * key_step(p) bytes. */
+static inline const char *page_row(const agl_paged *p, int64_t page, int64_t kvh, const void *cache)
+{
+    const int64_t esz = p->kv_bf16 ? 2 : 4;
+    return (const char *)cache + ((page * p->page_size * p->nkv + kvh) * p->hd) * esz;
+}
+
+static inline int64_t key_step(const agl_paged *p)
+{
+    return p->nkv * p->hd * (p->kv_bf16 ? 2 : 4);
+}
+
+#define PAGE_KEYS(p, n, t0)  ((n) - (t0) < (p)->page_size ? (n) - (t0) : (p)->page_size)
+
+/* NV vectors of VL values at row (float32, or bf16 bits) into r */
+#define LOAD_ROW(r, row, bf16, NV)                                                             \
+    for (int c_ = 0; c_ < (NV); c_++)                                                          \
+        r[c_] = (bf16) ? vf_load_bf16((const uint16_t *)(row) + c_ * VL)                       \
+                       : vf_load((const float *)(row) + c_ * VL)
+
+/* s[g * n + t] = q_g . k_t, hd = NV * VL: each key's vectors loaded once for the G heads */
+static inline __attribute__((always_inline)) void
+key_scores_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
+              const float *qf, int64_t G, float *s, const int NV)
+{
+    const int bf16 = p->kv_bf16;
+    const int64_t step = key_step(p);
+    for (int64_t t0 = 0, pg = 0; t0 < n; t0 += p->page_size, pg++) {
+        const char *row = page_row(p, pages[pg], kvh, p->k);
+        for (int64_t t = t0; t < t0 + PAGE_KEYS(p, n, t0); t++, row += step) {
+            vf kr[NV];
+            _mm_prefetch(row + 4 * step, _MM_HINT_T0);
+            _mm_prefetch(row + 4 * step + 64, _MM_HINT_T0);
+            LOAD_ROW(kr, row, bf16, NV);
+            for (int64_t g = 0; g < G; g++) {
+                const float *q = qf + g * NV * VL;
+                vf a = vf_mul(vf_load(q), kr[0]), b = vf_zero();
+                for (int c = 1; c < NV; c++) {
+                    if (c & 1)
+                        b = vf_fmadd(vf_load(q + c * VL), kr[c], b);
+                    else
+                        a = vf_fmadd(vf_load(q + c * VL), kr[c], a);
+                }
+                s[g * n + t] = vf_sum(vf_add(a, b));
+            }
+        }
+    }
+}
+
+/* acc [G, hd] = sum_t p[g * n + t] v_t, t ascending, hd = NV * VL: up to 16 / NV heads' sums
+ * in registers a pass over the values */
+static inline __attribute__((always_inline)) void
+weigh_values_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
+                const float *s, int64_t G, float *acc, const int NV)
+{
+    const int bf16 = p->kv_bf16, GB = NV >= 16 ? 1 : 16 / NV;
+    const int64_t step = key_step(p);
+    for (int64_t g0 = 0; g0 < G; g0 += GB) {
+        const int64_t gn = G - g0 < GB ? G - g0 : GB;
+        vf a[16];
+        for (int i = 0; i < 16; i++)
+            a[i] = vf_zero();
+        for (int64_t t0 = 0, pg = 0; t0 < n; t0 += p->page_size, pg++) {
+            const char *row = page_row(p, pages[pg], kvh, p->v);
+            for (int64_t t = t0; t < t0 + PAGE_KEYS(p, n, t0); t++, row += step) {
+                vf vr[NV];
+                _mm_prefetch(row + 4 * step, _MM_HINT_T0);
+                _mm_prefetch(row + 4 * step + 64, _MM_HINT_T0);
+                LOAD_ROW(vr, row, bf16, NV);
+                for (int64_t g = 0; g < gn; g++) {
+                    const vf w = vf_set1(s[(g0 + g) * n + t]);
+                    for (int c = 0; c < NV; c++)
+                        a[g * NV + c] = vf_fmadd(w, vr[c], a[g * NV + c]);
+                }
+            }
+        }
+        for (int64_t g = 0; g < gn; g++)
+            for (int c = 0; c < NV; c++)
+                vf_store(acc + (g0 + g) * NV * VL + c * VL, a[g * NV + c]);
+    }
+}
+
+/* the same for any hd (slower: each key widened into kf, dot / axpy per head) */
+static void key_scores_any(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
+                           const float *qf, int64_t G, float *kf, float *s)
+{
+    const int64_t hd = p->hd;
+    for (int64_t t0 = 0, pg = 0; t0 < n; t0 += p->page_size, pg++) {
+        const char *row = page_row(p, pages[pg], kvh, p->k);
+        for (int64_t t = t0; t < t0 + PAGE_KEYS(p, n, t0); t++, row += key_step(p)) {
+            widen(row, p->kv_bf16, hd, kf);
+            for (int64_t g = 0; g < G; g++)
+                s[g * n + t] = dot(qf + g * hd, kf, hd);
+        }
+    }
+}
+
+static void weigh_values_any(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
+                             const float *s, int64_t G, float *vrow, float *acc)
+{
+    const int64_t hd = p->hd;
+    memset(acc, 0, sizeof(float) * (size_t)(G * hd));
+    for (int64_t t0 = 0, pg = 0; t0 < n; t0 += p->page_size, pg++) {
+        const char *row = page_row(p, pages[pg], kvh, p->v);
+        for (int64_t t = t0; t < t0 + PAGE_KEYS(p, n, t0); t++, row += key_step(p)) {
+            widen(row, p->kv_bf16, hd, vrow);
+            for (int64_t g = 0; g < G; g++)
+                axpy(acc + g * hd, s[g * n + t], vrow, hd);
+        }
+    }
+}
+
+/* s [n] = softmax(scale * s) in place; returns the log-sum-exp of scale * s */
+static float softmax_lse(float *s, int64_t n, float scale)
+{
+    float m = -INFINITY;
+    for (int64_t t = 0; t < n; t++)
+        m = s[t] > m ? s[t] : m;
+    const vf vm = vf_set1(m), vs = vf_set1(scale);
+    vf vz = vf_zero();
+    int64_t t = 0;
+    for (; t + VL <= n; t += VL) {
+        const vf e = vf_exp(vf_mul(vf_sub(vf_load(s + t), vm), vs));
+        vf_store(s + t, e);
+        vz = vf_add(vz, e);
+    }
+    float z = vf_sum(vz);
+    for (; t < n; t++) {
+        s[t] = expf((s[t] - m) * scale);
+        z += s[t];
+    }
+    const float inv = 1.0f / z;
+    for (t = 0; t < n; t++)
+        s[t] *= inv;
+    return scale * m + logf(z);
+}
+
+/* One (row b, KV head kvh): its G query heads' outputs and lse. 0, or -1 without memory. */
+static int attend_head(const agl_paged *p, int64_t b, int64_t kvh, const void *q, int q_bf16,
+                       void *out, int out_bf16, float *lse)
+{
+    const int64_t hd = p->hd, G = p->nh / p->nkv, n = p->lens[b], h0 = kvh * G;
+    const int64_t *pages = p->page_table + b * p->max_pages;
+    float *buf = malloc(sizeof(float) * (size_t)(G * n + 2 * G * hd + 4 * hd));
+    if (!buf)
+        return -1;
+    float *s = buf, *qf = s + G * n, *acc = qf + G * hd, *kf = acc + G * hd;
+    const int64_t qsize = q_bf16 ? 2 : 4, osize = out_bf16 ? 2 : 4;
+    widen((const char *)q + (b * p->nh + h0) * hd * qsize, q_bf16, G * hd, qf);
+    switch (hd == 4 * VL ? 4 : hd == 8 * VL ? 8 : hd == 16 * VL ? 16 : 0) {
+    case 4: key_scores_nv(p, pages, n, kvh, qf, G, s, 4); break;
+    case 8: key_scores_nv(p, pages, n, kvh, qf, G, s, 8); break;
+    case 16: key_scores_nv(p, pages, n, kvh, qf, G, s, 16); break;
+    default: key_scores_any(p, pages, n, kvh, qf, G, kf, s);
+    }
+    for (int64_t g = 0; g < G; g++) {
+        const float l = softmax_lse(s + g * n, n, p->scale);
+        if (lse)
+            lse[b * p->nh + h0 + g] = l;
+    }
+    switch (hd == 4 * VL ? 4 : hd == 8 * VL ? 8 : hd == 16 * VL ? 16 : 0) {
+    case 4: weigh_values_nv(p, pages, n, kvh, s, G, acc, 4); break;
+    case 8: weigh_values_nv(p, pages, n, kvh, s, G, acc, 8); break;
+    case 16: weigh_values_nv(p, pages, n, kvh, s, G, acc, 16); break;
+    default: weigh_values_any(p, pages, n, kvh, s, G, kf, acc);
+    }
+    narrow(acc, G * hd, out_bf16, (char *)out + (b * p->nh + h0) * hd * osize);
+    free(buf);
+    return 0;
+}
+
+int agl_paged_decode(const agl_paged *p, const void *q, int q_bf16, void *out, int out_bf16,
+                     float *lse, int nthreads)
+{
+    if (p->nkv < 1 || p->nh % p->nkv || p->hd < 1 || p->page_size < 1)
+        return -2;
+    for (int64_t b = 0; b < p->B; b++)
+        if (p->lens[b] < 1 || p->lens[b] > p->max_pages * p->page_size)
+            return -2;
+    int fail = 0;
+    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) reduction(|:fail)
+    for (int64_t j = 0; j < p->B * p->nkv; j++)
+        fail |= attend_head(p, j / p->nkv, j % p->nkv, q, q_bf16, out, out_bf16, lse);
+    return fail ? -1 : 0;
+}

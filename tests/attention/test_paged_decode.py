@@ -1,0 +1,115 @@
+"""Decode attention read straight from the paged pool (``paged_attention.c``) against a float64
+reference, its row invariance, its errors, and the torch backend's use of it."""
+
+import pytest
+import torch
+
+from agentlang.runtime.attention import torch_backend
+from agentlang.runtime.attention.forward_batch import build_forward_batch
+from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
+from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.kernels import extend_attention_ref
+
+
+def pool_tensors(P, S, Hkv, D, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(P, S, Hkv, D, generator=g).to(dtype),
+            torch.randn(P, S, Hkv, D, generator=g).to(dtype))
+
+
+def reference(q, k, v, pages, lens, scale):
+    """float64 out [B, Hq, D] and lse [B, Hq]."""
+    B, Hq, D = q.shape
+    G = Hq // k.shape[2]
+    outs, lses = [], []
+    for b in range(B):
+        kk = k[pages[b]].reshape(-1, k.shape[2], D)[: lens[b]].double().repeat_interleave(G, 1)
+        vv = v[pages[b]].reshape(-1, k.shape[2], D)[: lens[b]].double().repeat_interleave(G, 1)
+        s = torch.einsum("hd,thd->ht", q[b].double(), kk) * scale
+        outs.append(torch.einsum("ht,thd->hd", s.softmax(-1), vv))
+        lses.append(torch.logsumexp(s, -1))
+    return torch.stack(outs), torch.stack(lses)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("S,Hkv,G,D", [(16, 3, 3, 64), (1, 2, 4, 128), (4, 1, 1, 256),
+                                       (16, 2, 2, 48), (3, 4, 2, 32)])
+def test_paged_decode_against_float64(native_lib, dtype, S, Hkv, G, D):
+    """Head dims on the register path (64 / 128 / 256 on AVX-512; 32 / 64 / 128 on AVX2) and
+    off it (48), page sizes 1..16, GQA groups 1..4, a row of one key and a row filling all
+    its pages."""
+    P, n_pages = 64, 12
+    k, v = pool_tensors(P, S, Hkv, D, dtype, seed=D + S)
+    g = torch.Generator().manual_seed(7)
+    lens = torch.tensor([1, 5, n_pages * S, 2 * S + 1, 7 * S - 3])
+    pages = torch.stack([torch.randperm(P, generator=g)[:n_pages] for _ in lens])
+    q = torch.randn(len(lens), Hkv * G, D, generator=g).to(dtype)
+    out, lse = native_lib.paged_decode(q, k, v, pages, lens, D ** -0.5)
+    ref, ref_lse = reference(q, k, v, pages, lens, D ** -0.5)
+    assert out.dtype == dtype and out.shape == q.shape and lse.shape == (len(lens), Hkv * G)
+    tol = 2e-6 if dtype == torch.float32 else 8e-3          # bf16: the output's rounding
+    assert (out.double() - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item())
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-5 * ref_lse.abs().max().item() + 1e-5
+
+
+def test_a_rows_result_does_not_depend_on_the_batch(native_lib):
+    """float32: each row alone gives the bits it gets among others (the invariance the engine's
+    greedy outputs rest on)."""
+    k, v = pool_tensors(40, 16, 3, 64, torch.float32, seed=1)
+    g = torch.Generator().manual_seed(2)
+    lens = torch.tensor([300, 17, 64, 1, 150])
+    pages = torch.stack([torch.randperm(40, generator=g)[:20] for _ in lens])
+    q = torch.randn(len(lens), 9, 64, generator=g)
+    out, lse = native_lib.paged_decode(q, k, v, pages, lens, 0.125)
+    for b in range(len(lens)):
+        o1, l1 = native_lib.paged_decode(q[b:b + 1], k, v, pages[b:b + 1], lens[b:b + 1], 0.125)
+        assert torch.equal(o1[0], out[b]) and torch.equal(l1[0], lse[b])
+
+
+def test_paged_decode_rejects_what_it_cannot_take(native_lib):
+    k, v = pool_tensors(8, 4, 2, 64, torch.float32, seed=3)
+    q = torch.randn(2, 4, 64)
+    pages = torch.zeros(2, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"lens must be in 1\.\.12"):
+        native_lib.paged_decode(q, k, v, pages, torch.tensor([13, 4]), 1.0)
+    with pytest.raises(ValueError, match=r"lens must be in 1\.\.12"):
+        native_lib.paged_decode(q, k, v, pages, torch.tensor([0, 4]), 1.0)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        native_lib.paged_decode(q.half(), k, v, pages, torch.tensor([3, 4]), 1.0)
+    with pytest.raises(ValueError, match="int64"):
+        native_lib.paged_decode(q, k, v, pages.int(), torch.tensor([3, 4]), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backend_decode_with_and_without_the_native_kernel(monkeypatch, dtype):
+    """The torch backend's decode (a cascade group sharing 6 pages + a lone row) through the
+    native kernel and through torch's gathers: both match the reference; the native one is
+    used where the library runs."""
+    PS, HKV, HQ, D = 4, 2, 6, 64
+    pool = KVPool(KVLayout(1, HKV, D, dtype), PS, num_pages=96)
+    g = torch.Generator().manual_seed(0)
+    slots = torch.arange(96 * PS)
+    pool.store(0, slots, torch.randn(slots.numel(), HKV, D, generator=g),
+               torch.randn(slots.numel(), HKV, D, generator=g))
+    shared = list(range(1, 7))
+    tables = [shared + [30 + 3 * i, 31 + 3 * i, 32 + 3 * i] for i in range(4)] + [[60, 61, 62]]
+    prefix = [26, 29, 31, 25, 9]
+    q = torch.randn(5, HQ, D, generator=g).to(dtype)
+    calls = []
+    lib = torch_backend.qmatmul_library()
+
+    def spy():
+        calls.append(1)
+        return lib
+    results = {}
+    for native in (True, False):
+        monkeypatch.setattr(torch_backend, "qmatmul_library", spy if native else lambda: None)
+        batch = build_forward_batch([[1]] * 5, prefix, tables, PS)
+        results[native] = TorchAttentionBackend().attend(q, pool, 0, batch, 0.125)
+    k, v = pool.gather_kv(0, torch.arange(96))
+    ref = extend_attention_ref(q, k, v, batch.page_table, batch.q_start_loc, batch.prefix_lens,
+                               batch.seq_lens, 0.125)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    for out in results.values():
+        assert ((out.double() - ref).norm() / ref.norm()).item() < tol
+    assert calls, "the native kernel was not asked for"
