@@ -21,6 +21,7 @@ from agentlang.runtime.cache.kv_pool import KVPool
 from agentlang.runtime.weights.model_loader import ModelLoadError
 from agentlang.runtime.models.config import LlamaConfig
 from agentlang.runtime.models.rope import RotaryEmbedding
+from agentlang.runtime.quant.native.elementwise import elementwise
 
 
 class RMSNorm(nn.Module):
@@ -45,9 +46,25 @@ class RMSNorm(nn.Module):
         if self.scale_in_float:
             h = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
             return h.to(self.out_dtype or x.dtype)
+        if self.out_dtype in (None, x.dtype) and (native := self._native(x)) is not None:
+            return native.rmsnorm(x, self.weight, self.eps)
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         h = self.weight * h.to(x.dtype)
         return h if self.out_dtype in (None, h.dtype) else h.to(self.out_dtype)
+
+    def add_forward(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + h, self(x + h))``; on bf16 in one native pass that adds **into x** (the
+        caller's x must be its own: a layer's input, never reused)."""
+        if (not self.scale_in_float and self.out_dtype in (None, x.dtype)
+                and (native := self._native(x, h)) is not None):
+            return x, native.rmsnorm(x, self.weight, self.eps, residual=h)
+        x = x + h
+        return x, self(x)
+
+    def _native(self, *xs: torch.Tensor):
+        """The native element-wise kernels where they take this norm's bf16 inputs, or None."""
+        native = elementwise()
+        return native if native is not None and native.applies(*xs, self.weight) else None
 
 
 class Attention(nn.Module):
@@ -94,7 +111,11 @@ class MLP(nn.Module):
         self.gelu = cfg.hidden_act == "gelu_tanh"      # GeGLU (Gemma), else SwiGLU
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)                          # [T, 2 * intermediate]
+        native = None if self.gelu else elementwise()
+        if native is not None and native.applies(gate_up):
+            return self.down_proj(native.silu_mul(gate_up))      # one pass (glue.c)
+        gate, up = gate_up.chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         return self.down_proj(act * up)
 
@@ -126,8 +147,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x, batch, rope, pool, backend):
         h = self.self_attn(self.input_layernorm(x), batch, rope, pool, backend)
         if not self.sandwich:
-            x = x + h
-            return x + self.mlp(self.post_attention_layernorm(x))
+            x, normed = self.post_attention_layernorm.add_forward(x, h)
+            return x + self.mlp(normed)
         x = x + self.post_attention_layernorm(h)
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 

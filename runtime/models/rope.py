@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from agentlang.runtime.quant.native.elementwise import elementwise
+
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     """Inverse frequencies ``[head_dim/2]`` (float32), scaled as the config asks. ``head_dim``
@@ -69,6 +71,10 @@ class RotaryEmbedding:
         A table narrower than the heads (partial rotary, ``D < hd``) rotates ``x[..., :D]`` and
         passes the rest through, as HF's Phi-3 does."""
         d = cos.shape[-1]
+        native = elementwise() if x.dtype == torch.bfloat16 and x.device.type == "cpu" else None
+        if (native is not None and d == x.shape[-1] and x.stride(-1) == 1
+                and x.stride(-2) == d and native.applies(cos, signed_sin)):
+            return native.rope(x, cos, signed_sin)             # bf16 on CPU: one pass (glue.c)
         if d < x.shape[-1]:
             rot = x[..., :d]
             return torch.cat([rot * cos + torch.roll(rot, d // 2, dims=-1) * signed_sin,

@@ -1,5 +1,5 @@
 /* The entry points of the native library and the weight they share (qmatmul.c, decode_layer.c,
- * dequant.c, softmax.c, paged_attention.c). */
+ * dequant.c, softmax.c, paged_attention.c, glue.c). */
 #ifndef AGL_QMATMUL_H
 #define AGL_QMATMUL_H
 #include <stdint.h>
@@ -56,5 +56,13 @@ typedef struct {
  * without memory, -2 for dimensions it cannot take (a length outside 1..max_pages*page_size). */
 int agl_paged_decode(const agl_paged *p, const void *q, int q_bf16, void *out, int out_bf16,
                      float *lse, int nthreads);
+
+/* The bf16 layer's element-wise steps (glue.c): rows of n (norm) or 2 * inter (gate | up). */
+void agl_rmsnorm_bf16(uint16_t *x, const uint16_t *h, const uint16_t *w, int64_t rows,
+                      int64_t n, float eps, uint16_t *out, int nthreads);
+void agl_silu_mul_bf16(const uint16_t *gu, int64_t rows, int64_t inter, uint16_t *out,
+                       int nthreads);
+void agl_rope_bf16(const uint16_t *x, int64_t T, int64_t heads, int64_t d, int64_t stride,
+                   const uint16_t *cos, const uint16_t *ssin, uint16_t *out, int nthreads);
 
 #endif

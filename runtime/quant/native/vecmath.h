@@ -26,6 +26,8 @@ static inline __m512 from_bf16(__m256i h)
 
 /* the row helpers' vocabulary (below): 16 lanes */
 #define vf_load_bf16(p) from_bf16(_mm256_loadu_si256((const __m256i *)(p)))   /* VL bf16 */
+#define vf_store_bf16(p, v) _mm256_storeu_si256((__m256i *)(p), to_bf16(v))   /* rounded */
+#define vf_bf16(v) from_bf16(to_bf16(v))          /* v rounded to bf16, kept as float32 */
 typedef __m512 vf;
 #define VL 16
 #define vf_load _mm512_loadu_ps
@@ -82,6 +84,8 @@ static inline float hsum8(__m256 v)
 
 /* the row helpers' vocabulary (below): 8 lanes */
 #define vf_load_bf16(p) from_bf16_8(_mm_loadu_si128((const __m128i *)(p)))      /* VL bf16 */
+#define vf_store_bf16(p, v) _mm_storeu_si128((__m128i *)(p), to_bf16_8(v))      /* rounded */
+#define vf_bf16(v) from_bf16_8(to_bf16_8(v))      /* v rounded to bf16, kept as float32 */
 typedef __m256 vf;
 #define VL 8
 #define vf_load _mm256_loadu_ps
