@@ -247,22 +247,26 @@ def _line(name: str, what: str, r: dict) -> None:
 
 
 def ratios(res: dict) -> dict:
-    """agentlang / peer for every workload both sides ran (speed: higher is better)."""
+    """agentlang / peer for every workload both sides ran (speed: higher is better), for each
+    agentlang server (named by its dtype and weights when there are several)."""
     out = {}
-    al = next((v for k, v in res.items() if k.startswith("agentlang")), {})
-    for peer in ("vLLM CPU", "llama-server"):
-        p = res.get(peer, {})
-        for w in ("shared", "independent"):
-            if w in al and w in p:
-                out[f"{w} vs {peer}"] = al[w]["tokens_per_s"] / p[w]["tokens_per_s"]
-        if "single" in al and "single" in p:
-            out[f"decode vs {peer}"] = al["single"]["decode_tok_s"] / p["single"]["decode_tok_s"]
-            out[f"prefill-512 vs {peer}"] = (al["single"]["prefill_tok_s"]
-                                             / p["single"]["prefill_tok_s"])
-        for mt in (80, 40):
-            k = f"json_{mt}"
-            if k in al and k in p:
-                out[f"json/{mt} speed vs {peer}"] = p[k]["wall_s"] / al[k]["wall_s"]
+    ours = {k: v for k, v in res.items() if k.startswith("agentlang")}
+    for name, al in ours.items():
+        tag = f"{name}: " if len(ours) > 1 else ""
+        for peer in ("vLLM CPU", "llama-server"):
+            p = res.get(peer, {})
+            for w in ("shared", "independent"):
+                if w in al and w in p:
+                    out[f"{tag}{w} vs {peer}"] = al[w]["tokens_per_s"] / p[w]["tokens_per_s"]
+            if "single" in al and "single" in p:
+                out[f"{tag}decode vs {peer}"] = (al["single"]["decode_tok_s"]
+                                                 / p["single"]["decode_tok_s"])
+                out[f"{tag}prefill-512 vs {peer}"] = (al["single"]["prefill_tok_s"]
+                                                      / p["single"]["prefill_tok_s"])
+            for mt in (80, 40):
+                k = f"json_{mt}"
+                if k in al and k in p:
+                    out[f"{tag}json/{mt} speed vs {peer}"] = p[k]["wall_s"] / al[k]["wall_s"]
     return out
 
 
@@ -280,6 +284,9 @@ def main() -> None:
     ap.add_argument("--kv-budget-mb", type=float, default=1024)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="agentlang's compute dtype (llama-server runs the GGUF)")
+    ap.add_argument("--weights", nargs="+", default=["auto"], choices=["auto", "dense"],
+                    help="agentlang's weights, one server each: auto (the GGUF's blocks) and/or "
+                         "dense (decoded to the compute dtype, what vLLM runs)")
     ap.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="vLLM's dtype (the issue's setting: bf16; float32 where the CPU has no "
                          "bf16 instructions)")
@@ -306,7 +313,7 @@ def main() -> None:
         from agentlang.runtime import Engine
         Engine("default", weights="dense").shutdown()
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    starts = [lambda: start_agentlang(args.dtype, "auto", args)]
+    starts = [lambda w=w: start_agentlang(args.dtype, w, args) for w in args.weights]
     if "vllm" in args.peers:
         starts.append(lambda: start_vllm(hf_dir, args))
     if "llama" in args.peers:
@@ -319,7 +326,7 @@ def main() -> None:
                          f"({platform.processor() or 'cpu'}), one server at a time",
               "model": "SmolLM2-135M-Instruct (Q4_1 GGUF; vLLM: the same decoded, bf16)",
               "command": "python bench/peers.py " + " ".join(sys.argv[1:]),
-              "settings": {"agentlang": f"{args.dtype}, weights auto, max_running 64, 2048 batched "
+              "settings": {"agentlang": f"{args.dtype}, weights {'/'.join(args.weights)}, max_running 64, 2048 batched "
                                         f"tokens, KV {args.kv_budget_mb:.0f} MB",
                            "vllm": f"{args.vllm_dtype}, prefix caching, 64 seqs, 2048 batched tokens, "
                                    f"OMP bind 0-1, 0 reserved cores, KV {args.vllm_kv_gib} GiB",

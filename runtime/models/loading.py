@@ -24,6 +24,7 @@ import torch
 from agentlang.runtime.weights.model_loader import ResolvedModel, cache_root
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.models.llama import LlamaModel
+from agentlang.runtime.models.packed_linear import pack_linears
 
 
 class LoadedModel(NamedTuple):
@@ -40,8 +41,10 @@ def load_model(resolved: ResolvedModel, weights: str, dtype: torch.dtype,
     if resolved.is_gguf:
         model = load_gguf_model(resolved.path, weights, dtype, device)
         hf_dir = gguf_hf_dir(resolved.path)
+        pack_linears(model)                  # bf16 dense linears on CPU: packed once
         return LoadedModel(model, AutoTokenizer.from_pretrained(hf_dir), hf_dir)
     model = LlamaModel.from_pretrained(resolved.path, dtype, device)
+    pack_linears(model)
     return LoadedModel(model, AutoTokenizer.from_pretrained(resolved.path), resolved.path)
 
 
