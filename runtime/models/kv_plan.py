@@ -303,8 +303,9 @@ def describe_engine(engine: Any, context: int | None = None) -> dict[str, Any]:
     seen: set[int] = set()
     weights = 0
     for p in itertools.chain(engine.model.parameters(), engine.model.buffers()):
-        if p.data_ptr() not in seen:   # tied embeddings count once (quantized weights are buffers)
-            seen.add(p.data_ptr())
+        key = id(p) if p.is_mkldnn else p.data_ptr()     # oneDNN-packed weights have no storage
+        if key not in seen:   # tied embeddings count once (quantized weights are buffers)
+            seen.add(key)
             weights += p.numel() * p.element_size()
     per_req = pages_per_request(context, pool.page_size)
     windows, fit = pool.windows, pool.num_pages // per_req

@@ -1,16 +1,24 @@
-"""bf16 linears on CPU with their weights reordered once into oneDNN's blocked layout.
+"""Dense linears on CPU with their weights reordered once into oneDNN's blocked layout.
 
 ``F.linear`` on a bf16 CPU tensor runs oneDNN's GEMM, which first reorders the weight into the
-blocked layout its kernels read — on every call. Reordering once, at load
-(``torch.ops.mkldnn._reorder_linear_weight``), and calling the GEMM on the packed weight
+blocked layout its kernels read — on every call; on a float32 one it runs MKL's, which on AMD
+processors takes its AVX2 code. Reordering once, at load
+(``torch.ops.mkldnn._reorder_linear_weight``), and calling oneDNN's GEMM on the packed weight
 (``torch.ops.mkldnn._linear_pointwise``, the pair torch's own compiler emits for CPU linears)
-gives the same bits (the same kernel on the same layout) and, measured on a 2-core Zen 4 EPYC
-with the embedded model's shapes: 1.15–1.4× at a decode batch of 42–64 rows, 1.3–1.6× for the
-49k-row LM head, 1.02–1.16× at prefill sizes (issue 29). It is used where bf16 GEMMs run on
-bf16 instructions (:func:`agentlang.runtime.quant.native.bf16_matmuls_in_hardware`) and the
-build has the two ops; elsewhere the model keeps ``nn.Linear``. A tied LM head gets its own
-packed copy (the embedding table stays as it is for lookups): +2 bytes a weight of the vocab
-× hidden table (56 MB for the embedded model).
+measured on a 2-core Zen 4 EPYC with the embedded model's shapes (issue 29):
+
+* bf16: the same bits as ``F.linear`` (the same kernel on the same layout); 1.15–1.4× at a
+  decode batch of 42–64 rows, 1.3–1.6× for the 49k-row LM head, 1.02–1.16× at prefill sizes.
+  Used where bf16 GEMMs run on bf16 instructions
+  (:func:`agentlang.runtime.quant.native.bf16_matmuls_in_hardware`).
+* float32: 1.4–2.5× MKL at 8–64 rows, 2.1–4.5× for the LM head, 1.1–2× at 2048 rows. The
+  bits differ from MKL's in the last places (another summation order); a row's result
+  is as independent of the batch as MKL's was (neither library promises it; the invariance
+  tests hold it to greedy tokens, as before).
+
+Elsewhere, or where the build lacks the two ops, the model keeps ``nn.Linear``. A tied LM
+head gets its own packed copy (the embedding table stays as it is for lookups): one more
+vocab × hidden table (56 MB in bf16, 113 MB in float32 for the embedded model).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from torch import nn
 from agentlang.runtime.quant.native import bf16_matmuls_in_hardware
 
 ROWS_HINT = 64      # the batch size oneDNN chooses the layout for (any row count runs)
+PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def packing_available() -> bool:
@@ -31,13 +40,14 @@ def packing_available() -> bool:
 
 class PackedLinear(nn.Module):
     """``nn.Linear``'s ``y = x @ W.T + b`` on a weight packed once (module doc). x: ``[..., in]``
-    bfloat16 on the CPU -> ``[..., out]``."""
+    in the weight's dtype (bfloat16 or float32) on the CPU -> ``[..., out]``."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         w = linear.weight.detach()
-        if w.dtype != torch.bfloat16 or w.device.type != "cpu":
-            raise ValueError(f"PackedLinear takes a bfloat16 CPU weight, got {w.dtype} on {w.device}")
+        if w.dtype not in PACKED_DTYPES or w.device.type != "cpu":
+            raise ValueError(f"PackedLinear takes a bfloat16 or float32 CPU weight, got {w.dtype} "
+                             f"on {w.device}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, ROWS_HINT),
                              persistent=False)
@@ -51,15 +61,20 @@ class PackedLinear(nn.Module):
         return y.view(*lead, self.out_features)
 
 
+def packs(dtype: torch.dtype) -> bool:
+    """Whether linears of ``dtype`` are packed here (module doc)."""
+    if not packing_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and bf16_matmuls_in_hardware())
+
+
 def pack_linears(model: nn.Module) -> int:
-    """Replace every bf16 CPU ``nn.Linear`` in ``model`` by a :class:`PackedLinear` where
-    packing applies here (module doc); returns how many were replaced."""
-    if not (packing_available() and bf16_matmuls_in_hardware()):
-        return 0
+    """Replace every CPU ``nn.Linear`` of a dtype :func:`packs` takes in ``model`` by a
+    :class:`PackedLinear`; returns how many were replaced."""
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children()
-               if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16
-               and child.weight.device.type == "cpu"]
+               if type(child) is nn.Linear and child.weight.device.type == "cpu"
+               and packs(child.weight.dtype)]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child))
     return len(targets)
