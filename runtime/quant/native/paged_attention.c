@@ -8,7 +8,7 @@
  * its G query heads (GQA) and its values once:
  *
  *   s[g, t] = q_g . k_t                       (float32 sums over hd, one fixed order)
- *   p[g] = softmax(scale * s[g]),  lse[g] = log sum e^(scale * s[g])   
+ *   p[g] = softmax(scale * s[g]),  lse[g] = log sum e^(scale * s[g])
  *   out_g = sum_t p[g, t] v_t                 (t ascending)
  *
  * The arithmetic is float32 whatever the storage (bf16 values are widened exactly; a bf16
@@ -78,6 +78,15 @@ static inline int64_t key_step(const agl_paged *p)
         r[c_] = (bf16) ? vf_load_bf16((const uint16_t *)(row) + c_ * VL)                       \
                        : vf_load((const float *)(row) + c_ * VL)
 
+/* r = the NV vectors of the key at row, the key 4 rows on asked for meanwhile */
+static inline __attribute__((always_inline)) void
+load_key(vf *r, const char *row, int64_t step, int bf16, const int NV)
+{
+    _mm_prefetch(row + 4 * step, _MM_HINT_T0);
+    _mm_prefetch(row + 4 * step + 64, _MM_HINT_T0);
+    LOAD_ROW(r, row, bf16, NV);
+}
+
 /* s[g * n + t] = q_g . k_t, hd = NV * VL: each key's vectors loaded once for the G heads */
 static inline __attribute__((always_inline)) void
 key_scores_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
@@ -89,9 +98,7 @@ key_scores_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
         const char *row = page_row(p, pages[pg], kvh, p->k);
         for (int64_t t = t0; t < t0 + PAGE_KEYS(p, n, t0); t++, row += step) {
             vf kr[NV];
-            _mm_prefetch(row + 4 * step, _MM_HINT_T0);
-            _mm_prefetch(row + 4 * step + 64, _MM_HINT_T0);
-            LOAD_ROW(kr, row, bf16, NV);
+            load_key(kr, row, step, bf16, NV);
             for (int64_t g = 0; g < G; g++) {
                 const float *q = qf + g * NV * VL;
                 vf a = vf_mul(vf_load(q), kr[0]), b = vf_zero();
@@ -124,9 +131,7 @@ weigh_values_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh
             const char *row = page_row(p, pages[pg], kvh, p->v);
             for (int64_t t = t0; t < t0 + PAGE_KEYS(p, n, t0); t++, row += step) {
                 vf vr[NV];
-                _mm_prefetch(row + 4 * step, _MM_HINT_T0);
-                _mm_prefetch(row + 4 * step + 64, _MM_HINT_T0);
-                LOAD_ROW(vr, row, bf16, NV);
+                load_key(vr, row, step, bf16, NV);
                 for (int64_t g = 0; g < gn; g++) {
                     const vf w = vf_set1(s[(g0 + g) * n + t]);
                     for (int c = 0; c < NV; c++)
