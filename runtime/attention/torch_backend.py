@@ -41,6 +41,18 @@ def native_decode(q: torch.Tensor, pool: KVPool) -> QMatmulLibrary | None:
     return qmatmul_library()
 
 
+def merge_shared(qg, out, lse, pool: KVPool, layer: int, plan: DecodePlan, scale: float):
+    """A decode step's ``out`` [B, Hkv, G, D] (each row's own part, lse [B, Hkv, G]; queries
+    qg [B, Hkv, G, D]) merged with each shared group's part, attended once for the group
+    (cascade attention); returns ``out``."""
+    for g in plan.groups:
+        kp, vp = kv_of(pool, layer, g.pages, g.pages.numel() * pool.page_size,
+                       qg.dtype)                                         # [n*S, Hkv, D]
+        out[g.rows] = merge_lse(out[g.rows], lse[g.rows],
+                                *attend_shared(qg[g.rows], kp, vp, scale))
+    return out
+
+
 class TorchAttentionBackend:
     name = "torch"
     graph_safe = False  # sizes its gathers and groups from the batch's host lists
@@ -99,8 +111,7 @@ class TorchAttentionBackend:
             o, l = native.paged_decode(q, pool.k_cache(layer), pool.v_cache(layer),
                                        plan.own.pages, plan.own.lens, scale)
             out, lse = o.view(B, Hkv, Hq // Hkv, D), l.view(B, Hkv, Hq // Hkv)
-            return TorchAttentionBackend._merge_shared(qg, out, lse, pool, layer, plan,
-                                                       scale).reshape(B, Hq, D)
+            return merge_shared(qg, out, lse, pool, layer, plan, scale).reshape(B, Hq, D)
 
         def kv(pages: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
             return kv_of(pool, layer, pages, length, q.dtype)            # [..., L, Hkv, D]
@@ -117,19 +128,7 @@ class TorchAttentionBackend:
             out[rows] = o
             if cascade:
                 lse[rows] = l
-        return TorchAttentionBackend._merge_shared(qg, out, lse, pool, layer, plan,
-                                                   scale).reshape(B, Hq, D)
-
-    @staticmethod
-    def _merge_shared(qg, out, lse, pool: KVPool, layer: int, plan: DecodePlan, scale: float):
-        """``out`` [B, Hkv, G, D] (each row's own part, lse [B, Hkv, G]) merged with each
-        shared group's part, attended once for the group (cascade attention)."""
-        for g in plan.groups:
-            kp, vp = kv_of(pool, layer, g.pages, g.pages.numel() * pool.page_size,
-                           qg.dtype)                                     # [n*S, Hkv, D]
-            out[g.rows] = merge_lse(out[g.rows], lse[g.rows],
-                                    *attend_shared(qg[g.rows], kp, vp, scale))
-        return out
+        return merge_shared(qg, out, lse, pool, layer, plan, scale).reshape(B, Hq, D)
 
     def copy_pages(self, pool: KVPool, src: list[int], dst: list[int]) -> None:
         pool.copy_pages(src, dst)
