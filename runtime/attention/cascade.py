@@ -13,6 +13,7 @@ bucket's own part is one batched matmul with one causal mask.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -75,14 +76,16 @@ def causal_tail(n: int, group: int) -> torch.Tensor:
     return above[:, None, :].expand(n, group, n).reshape(n * group, n)
 
 
-def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float
-                  ) -> torch.Tensor:
+def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
+                  tail: Callable[[int, int], torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention of one sequence's new tokens at positions ``start..start+n-1``.
 
     q: [n, Hq, D]; k, v: [start + n, Hkv, D] (its whole context). Blocks of CAUSAL_BLOCK
     queries each attend to the keys up to their last one, as one matmul per KV head (its G
     query heads as rows: GQA without expansion). Returns [n, Hq, D] in v's dtype. On CPU this
-    is ~2.4x torch's causal SDPA kernel at 1024 tokens (a 135M model's head shapes)."""
+    is ~2.4x torch's causal SDPA kernel at 1024 tokens (a 135M model's head shapes).
+    ``tail(n, G)``: :func:`causal_tail`, or a memo of it (a step's masks repeat in every layer)."""
+    tail = tail or causal_tail
     n, Hq, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
@@ -91,7 +94,7 @@ def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
         e = min(n, s + CAUSAL_BLOCK)
         keys = start + e                                             # L: keys this block sees
         qb = q[s:e].view(e - s, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, (e - s) * G, D)
-        o, _ = attend_lse(qb, k[:keys], v[:keys], scale, causal_tail(e - s, G))  # [Hkv, b*G, D]
+        o, _ = attend_lse(qb, k[:keys], v[:keys], scale, tail(e - s, G))  # [Hkv, b*G, D]
         out[s:e] = o.view(Hkv, e - s, G, D).permute(1, 0, 2, 3).reshape(e - s, Hq, D)
     return out
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from agentlang.runtime.attention.cascade import (attend_lse, attend_shared, causal_attend, extend_group,
-                                      extend_plan, kv_of, merge_lse)
+from agentlang.runtime.attention.cascade import (attend_lse, attend_shared, causal_attend,
+                                                 causal_tail, extend_group, extend_plan, kv_of,
+                                                 merge_lse)
 from agentlang.runtime.attention.decode_plan import DecodePlan, decode_plan
 from agentlang.runtime.attention.forward_batch import ForwardBatch
 from agentlang.runtime.attention.window import windowed_attend
@@ -89,10 +90,13 @@ class TorchAttentionBackend:
         for g in groups:
             extend_group(q, out, pool, layer, g, scale)
         grouped = {b for g in groups for b in g.rows}
+        def tail(n: int, group: int) -> torch.Tensor:       # the same masks in every layer
+            return batch.cached(f"torch.causal_tail.{n}.{group}", lambda: causal_tail(n, group))
+
         for b in (b for b in rest if b not in grouped):
             seq_len, s, e = seq_lens[b], starts[b], starts[b + 1]
             k, v = kv_of(pool, layer, batch.page_table[b], seq_len, q.dtype)   # [L, Hkv, D]
-            out[s:e] = causal_attend(q[s:e], k, v, batch.prefix_lens_list[b], scale)
+            out[s:e] = causal_attend(q[s:e], k, v, batch.prefix_lens_list[b], scale, tail)
         return out
 
     @staticmethod
