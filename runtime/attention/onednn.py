@@ -11,7 +11,9 @@ what makes a resumed agent turn cheap in float32.
 
 oneDNN is reached through torch's ``torch.ops.mkldnn._linear_pointwise`` (``x @ W^T`` for a
 2-D ``W``; torch has no public float32 entry to oneDNN's matmul, so that one call lives in
-:func:`_linear_nt` alone, and :data:`ONEDNN` checks it exists in the build): per (batch element, KV head) the scores ``q k^T`` (keys copied into ``[L, D]``), the
+:func:`linear` alone — with :func:`pack_weight`, the reorder that
+``runtime/models/packed_linear.py`` uses — and :data:`ONEDNN` / :data:`PACKING` check they
+exist in the build): per (batch element, KV head) the scores ``q k^T`` (keys copied into ``[L, D]``), the
 mask and the softmax in place, then ``p v`` (values copied into ``[D, L]``) — each score
 matrix is made once, contiguous, and never copied (assembling all heads' scores into one
 tensor cost as much as the matmul). It is used for float32 on CPU from
@@ -38,11 +40,20 @@ def _onednn() -> bool:
 
 
 ONEDNN = _onednn()   # torch built with oneDNN's linear (read once: a property of the build)
+PACKING = ONEDNN and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")   # and its reorder
 
 
-def _linear_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    # x: [R, K] contiguous, w: [N, K] contiguous -> x @ w^T [R, N] contiguous
-    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w^T (+ bias)`` by oneDNN. x: [R, K] contiguous; w: [N, K] contiguous or as
+    :func:`pack_weight` returns it -> [R, N] contiguous."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+
+
+def pack_weight(w: torch.Tensor, rows_hint: int) -> torch.Tensor:
+    """w [N, K] (CPU, float32 or bfloat16) reordered once into the blocked layout oneDNN's GEMM
+    reads, chosen for calls of ``rows_hint`` rows (any row count runs): an opaque oneDNN tensor
+    (no storage) for :func:`linear` only."""
+    return torch.ops.mkldnn._reorder_linear_weight(w, rows_hint)
 
 
 def applies(q: torch.Tensor) -> bool:
@@ -74,7 +85,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tens
     out = torch.empty(qs.shape[0], R, D)
     lse = torch.empty(qs.shape[0], R)
     for i in range(qs.shape[0]):
-        s = _linear_nt(qs[i].contiguous(), ks[i])                         # [R, L]
+        s = linear(qs[i].contiguous(), ks[i])                         # [R, L]
         lse[i] = normalize(s, None if ms is None else ms[i])
-        out[i] = _linear_nt(s, vs[i])                                     # [R, D]
+        out[i] = linear(s, vs[i])                                     # [R, D]
     return out.view(*lead, H, R, D), lse.view(*lead, H, R)

@@ -3,8 +3,9 @@
 ``F.linear`` on a bf16 CPU tensor runs oneDNN's GEMM, which first reorders the weight into the
 blocked layout its kernels read — on every call; on a float32 one it runs MKL's, which on AMD
 processors takes its AVX2 code. Reordering once, at load
-(``torch.ops.mkldnn._reorder_linear_weight``), and calling oneDNN's GEMM on the packed weight
-(``torch.ops.mkldnn._linear_pointwise``, the pair torch's own compiler emits for CPU linears)
+(:func:`agentlang.runtime.attention.onednn.pack_weight`), and calling oneDNN's GEMM on the
+packed weight (:func:`~agentlang.runtime.attention.onednn.linear`: the pair of ops torch's own
+compiler emits for CPU linears)
 measured on a 2-core Zen 4 EPYC with the embedded model's shapes (issue 29):
 
 * bf16: the same bits as ``F.linear`` (the same kernel on the same layout); 1.15–1.4× at a
@@ -26,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from agentlang.runtime.attention import onednn
 from agentlang.runtime.quant.native import bf16_matmuls_in_hardware
 
 ROWS_HINT = 64      # the batch size oneDNN chooses the layout for (any row count runs)
@@ -34,8 +36,7 @@ PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 def packing_available() -> bool:
     """Whether this torch build has oneDNN's reorder and packed linear ops."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return onednn.PACKING
 
 
 class PackedLinear(nn.Module):
@@ -49,15 +50,13 @@ class PackedLinear(nn.Module):
             raise ValueError(f"PackedLinear takes a bfloat16 or float32 CPU weight, got {w.dtype} "
                              f"on {w.device}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, ROWS_HINT),
-                             persistent=False)
+        self.register_buffer("packed", onednn.pack_weight(w, ROWS_HINT), persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(),
                              persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self.packed,
-                                               self.bias, "none", [], "")
+        y = onednn.linear(x.reshape(-1, self.in_features), self.packed, self.bias)
         return y.view(*lead, self.out_features)
 
 
