@@ -100,8 +100,8 @@ def shared_prefix_workload(url: str, max_tokens: int = 40) -> list[dict]:
         return list(ex.map(one, QUESTIONS))
 
 
-def fork_program():
-    """A DSL program with one fork of three branches and a join."""
+def fork_program(view_tokens: int = 32):
+    """A DSL program with one fork of three branches (``view_tokens`` each) and a join."""
     import agentlang as al
 
     @al.function
@@ -109,19 +109,20 @@ def fork_program():
         s += f"Plan for: {goal}.\nFirst step:" + al.gen("first", max_tokens=6)
         forks = s.fork(3)
         for f, angle in zip(forks, ["cost", "safety", "time"]):
-            f += f"\nThe {angle} view:" + al.gen("view", max_tokens=32, ignore_eos=True)
+            f += f"\nThe {angle} view:" + al.gen("view", max_tokens=view_tokens, ignore_eos=True)
         forks.join()
         s += "\nDecision:" + al.gen("decision", max_tokens=6)
 
     return bike_plan
 
 
-def run_fork_program(url: str):
+def run_fork_program(url: str, view_tokens: int = 32):
+    """Runs :func:`fork_program` on the server at ``url``; returns its state."""
     import agentlang as al
 
     backend = al.RuntimeEndpoint(url)
     try:
-        return fork_program().run(goal="a city bike tour", temperature=0, backend=backend)
+        return fork_program(view_tokens).run(goal="a city bike tour", temperature=0, backend=backend)
     finally:
         backend.close()
 

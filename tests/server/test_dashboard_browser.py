@@ -39,8 +39,10 @@ def test_page_follows_prefix_workload_and_fork_program(server, http, tmp_path):
     shots.mkdir()
     with open_dashboard(server.url, tmp_path / "profile") as page:
         jobs = in_background(lambda: shared_prefix_workload(server.url),
-                             lambda: run_fork_program(server.url))
-        # while they run: the request table fills and a branch of the program decodes
+                             lambda: run_fork_program(server.url, view_tokens=192))
+        # while they run: the request table fills and a branch of the program decodes (the
+        # page polls once a second, so the branches decode for several seconds however fast
+        # the engine is: with 32 tokens a fast engine finished them between two polls)
         wait_js(page, "document.querySelectorAll('#requests tbody tr').length > 0", 60)
         # a fork branch (not the root) shows as decoding, in the graph and its caption
         wait_js(page, "document.querySelector('#programs circle.decoding[data-branch^=\"0/0.\"]')"
