@@ -24,6 +24,7 @@ On the embedded SmolLM2-135M-Instruct Q4_1 GGUF (tensors kept quantized, ``weigh
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -41,6 +42,7 @@ from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 from agentlang.runtime.weights.model_loader import resolve_model
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.cache.page_allocator import PageAllocator
+from agentlang.runtime.models.int8_calibration import quantize_model
 
 ROOT = Path(__file__).resolve().parent
 THREADS = 2
@@ -120,7 +122,15 @@ def all_logits(model, seq: list[int], n_last: int) -> torch.Tensor:
     return torch.log_softmax(model(batch, pool, TorchAttentionBackend()).double(), dim=-1)
 
 
-def quality(gguf: Path, prompts: list[str], positions: int, workdir: Path) -> dict:
+def int8_model(gguf: Path, dtype: torch.dtype, tokenizer):
+    """The GGUF decoded to ``dtype``, its linears int8 W8A8 as ``weights="int8"`` loads them."""
+    m = load_gguf_model(gguf, "dense", dtype)
+    quantize_model(m, tokenizer)
+    return m
+
+
+def quality(gguf: Path, prompts: list[str], positions: int, workdir: Path,
+            only: list[str] | None = None) -> dict:
     ref = load_gguf_model(gguf, "dense", torch.float32)
     eng = Engine(str(gguf), weights="dense", kv_budget_mb=256)
     ids = [eng.tokenizer.encode(p) for p in prompts]
@@ -137,7 +147,11 @@ def quality(gguf: Path, prompts: list[str], positions: int, workdir: Path) -> di
               "Q4_1 (native, bf16 compute)": lambda: load_gguf_model(gguf, "auto", torch.bfloat16),
               "Q8_0 (native, bf16 compute)": lambda: load_gguf_model(q8, "auto", torch.bfloat16),
               "Q8_0 file decoded to fp32": lambda: load_gguf_model(q8, "dense", torch.float32),
-              "bf16 dense": lambda: load_gguf_model(gguf, "dense", torch.bfloat16)}
+              "bf16 dense": lambda: load_gguf_model(gguf, "dense", torch.bfloat16),
+              "int8 W8A8 (fp32 compute)": lambda: int8_model(gguf, torch.float32, eng.tokenizer),
+              "int8 W8A8 (bf16 compute)": lambda: int8_model(gguf, torch.bfloat16, eng.tokenizer)}
+    if only:
+        models = {k: v for k, v in models.items() if any(o in k for o in only)}
     refs = [all_logits(ref, s, positions) for s in seqs]
     q8_ref = load_gguf_model(q8, "dense", torch.float32)
     # a runtime's own error: against its file decoded exactly (the Q8_0 file is itself a
@@ -172,19 +186,20 @@ def agreement(model, seqs: list[list[int]], refs: list[torch.Tensor], positions:
     return {"top1_agreement": agree / n, "mean_kl": kl / n}
 
 
-def invariance(gguf: Path, prompts: list[str], n_tokens: int, dtype: str) -> dict:
+def invariance(gguf: Path, prompts: list[str], n_tokens: int, dtype: str,
+               weights: str = "auto") -> dict:
     p = SamplingParams(max_tokens=n_tokens, temperature=0, ignore_eos=True)
-    eng = Engine(str(gguf), weights="auto", dtype=dtype, kv_budget_mb=128)
+    eng = Engine(str(gguf), weights=weights, dtype=dtype, kv_budget_mb=128)
     alone = [eng.generate(x, p).token_ids for x in prompts]
     warm = [eng.generate(x, p).token_ids for x in prompts]       # prompts now in the radix cache
     eng.flush_cache()
     batched = [o.token_ids for o in eng.generate(prompts, p)]
-    chunked_eng = Engine(str(gguf), weights="auto", dtype=dtype, kv_budget_mb=128,
+    chunked_eng = Engine(str(gguf), weights=weights, dtype=dtype, kv_budget_mb=128,
                          max_batch_tokens=8)
     chunked = [o.token_ids for o in chunked_eng.generate(prompts, p)]
     # pages for the two longest sequences only: the 8 cannot all run, some are preempted
     longest = max(len(eng.tokenizer.encode(x)) for x in prompts) + n_tokens
-    small = Engine(str(gguf), weights="auto", dtype=dtype, page_size=4,
+    small = Engine(str(gguf), weights=weights, dtype=dtype, page_size=4,
                    num_pages=2 * -(-longest // 4) + 2, max_batch_tokens=256)
     preempted = [o.token_ids for o in small.generate(prompts, p)]
 
@@ -207,6 +222,10 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], choices=["speed", "quality", "invariance"])
     ap.add_argument("--out-dir", default=str(ROOT / "results"),
                     help="cpu_local_speed.json (speed) and cpu_local_quality.json (the rest)")
+    ap.add_argument("--models", nargs="*", default=None,
+                    help="quality: only the variants whose name contains one of these (e.g. "
+                         "int8); the others keep their last results")
+    ap.add_argument("--invariance-weights", nargs="*", default=["auto"], choices=["auto", "int8"])
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
     gguf = resolve_model("default", "auto").path
@@ -221,11 +240,13 @@ def main() -> None:
             print(f"speed ({dtype} compute):", {k: v for k, v in r.items() if k != "rounds"})
     if "quality" not in args.skip:
         with tempfile.TemporaryDirectory() as d:
-            res["quality"] = quality(gguf, prompts[:n_prompts], positions, Path(d))
+            res["quality"] = quality(gguf, prompts[:n_prompts], positions, Path(d), args.models)
     if "invariance" not in args.skip:
-        for dtype, key in (("float32", "invariance"), ("bfloat16", "invariance_bfloat16")):
-            res[key] = invariance(gguf, prompts[:8], 32 if args.quick else 64, dtype)
-            print(f"invariance ({dtype}):", res[key])
+        for weights, dtype in itertools.product(args.invariance_weights, ("float32", "bfloat16")):
+            key = "_".join(["invariance"] + (["int8"] if weights == "int8" else [])
+                           + (["bfloat16"] if dtype == "bfloat16" else []))
+            res[key] = invariance(gguf, prompts[:8], 32 if args.quick else 64, dtype, weights)
+            print(f"invariance ({weights}, {dtype}):", res[key])
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     head = {k: res[k] for k in ("machine", "model")}
@@ -234,6 +255,8 @@ def main() -> None:
         path = out / f"cpu_local_{name}.json"
         if keys:        # a part skipped this run keeps its last results
             old = json.loads(path.read_text()) if path.exists() else {}
+            if "quality" in keys and args.models:     # the variants not rerun keep theirs
+                res["quality"] = old.get("quality", {}) | res["quality"]
             path.write_text(json.dumps(old | head | {k: res[k] for k in keys}, indent=2))
             print("wrote", path)
 

@@ -284,9 +284,10 @@ def main() -> None:
     ap.add_argument("--kv-budget-mb", type=float, default=1024)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="agentlang's compute dtype (llama-server runs the GGUF)")
-    ap.add_argument("--weights", nargs="+", default=["auto"], choices=["auto", "dense"],
-                    help="agentlang's weights, one server each: auto (the GGUF's blocks) and/or "
-                         "dense (decoded to the compute dtype, what vLLM runs)")
+    ap.add_argument("--weights", nargs="+", default=["auto"], choices=["auto", "dense", "int8"],
+                    help="agentlang's weights, one server each: auto (the GGUF's blocks), "
+                         "dense (decoded to the compute dtype, what vLLM runs) and/or int8 (W8A8: "
+                         "a lower precision than the peer's, reported as such)")
     ap.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="vLLM's dtype (the issue's setting: bf16; float32 where the CPU has no "
                          "bf16 instructions)")

@@ -25,6 +25,7 @@ from agentlang.runtime.weights.model_loader import ResolvedModel, cache_root
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.models.llama import LlamaModel
 from agentlang.runtime.models.packed_linear import pack_linears
+from agentlang.runtime.models.int8_calibration import quantize_model
 
 
 class LoadedModel(NamedTuple):
@@ -35,17 +36,23 @@ class LoadedModel(NamedTuple):
 
 def load_model(resolved: ResolvedModel, weights: str, dtype: torch.dtype,
                device: torch.device) -> LoadedModel:
-    """Load ``resolved`` with the ``weights`` setting ("auto" | "dense") in compute ``dtype``."""
+    """Load ``resolved`` with the ``weights`` setting ("auto" | "dense" | "int8") in compute
+    ``dtype``. Dense CPU linears are then packed for oneDNN (:func:`pack_linears`), or with
+    ``"int8"`` quantized (:func:`~agentlang.runtime.quant.int8_linear.int8_linears`)."""
     from transformers import AutoTokenizer
 
     if resolved.is_gguf:
-        model = load_gguf_model(resolved.path, weights, dtype, device)
+        model = load_gguf_model(resolved.path, "dense" if weights == "int8" else weights, dtype,
+                                device)
         hf_dir = gguf_hf_dir(resolved.path)
-        pack_linears(model)                  # bf16 dense linears on CPU: packed once
-        return LoadedModel(model, AutoTokenizer.from_pretrained(hf_dir), hf_dir)
-    model = LlamaModel.from_pretrained(resolved.path, dtype, device)
-    pack_linears(model)
-    return LoadedModel(model, AutoTokenizer.from_pretrained(resolved.path), resolved.path)
+    else:
+        model, hf_dir = LlamaModel.from_pretrained(resolved.path, dtype, device), resolved.path
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    if weights == "int8":           # calibrated on a built-in text first (int8_calibration)
+        quantize_model(model, tokenizer)
+    else:
+        pack_linears(model)
+    return LoadedModel(model, tokenizer, hf_dir)
 
 
 def gguf_hf_dir(path: Path) -> Path:

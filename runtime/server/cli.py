@@ -21,6 +21,7 @@ from collections.abc import Callable
 import uvicorn
 
 from agentlang.runtime.core.program_service import SCHEDULE_POLICIES
+from agentlang.runtime.weights.model_loader import WEIGHTS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ENGINE_FLAGS = ("page_size", "kv_budget_mb", "window_kv_fraction", "max_batch_tokens", "max_running",
@@ -66,10 +67,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="requests that outrank a running one may run this many above "
                         "--max-running before they preempt (default 4; 0: preempt as soon "
                         "as the batch is full)")
-    p.add_argument("--weights", choices=("auto", "dense"), default=None,
+    p.add_argument("--weights", choices=WEIGHTS, default=None,
                    help="dense (default): decoded to --dtype; auto: a GGUF's Q4_0/Q4_1/Q8_0 "
                         "tensors stay quantized (native AVX-512 VNNI or AVX2 kernels over the file's "
-                        "blocks where the CPU has them, else torch's int4/int8 kernels)")
+                        "blocks where the CPU has them, else torch's int4/int8 kernels); int8: the "
+                        "dense weights quantized to int8 per output channel and the activations per "
+                        "token, int8 GEMMs (CPU only; fastest for batches, less precise)")
     p.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=None,
                    help="model-free speculative decoding for requests that do not set "
                         "'speculative': drafts copied from the request's own context, verified "

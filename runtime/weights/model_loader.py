@@ -87,12 +87,13 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
         shutil.rmtree(tmp)        # another process finished the same conversion first
 
 
-WEIGHTS = ("auto", "dense")
+WEIGHTS = ("auto", "dense", "int8")
 
 
 def resolve_model(model: str | os.PathLike = DEFAULT_MODEL, weights: str = "dense") -> ResolvedModel:
-    """Return where ``model``'s weights are. ``weights="dense"`` turns the embedded GGUF into a
-    dense HF directory on first use; ``"auto"`` returns the GGUF file as it is."""
+    """Return where ``model``'s weights are. ``weights="dense"`` (and ``"int8"``, which
+    quantizes the dense weights at load) turns the embedded GGUF into a dense HF directory on
+    first use; ``"auto"`` returns the GGUF file as it is."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     if str(model) == DEFAULT_MODEL:

@@ -44,7 +44,7 @@ import torch
 
 HERE = Path(__file__).parent
 SHARED = ("qmatmul.h", "vecmath.h", "decode_layer.c", "paged_attention.c",
-          "glue.c")     # in this folder, used by every build
+          "glue.c", "int8.c")     # in this folder, used by every build
 OWN = ("qmatmul.c", "dequant.c", "softmax.c")             # in each build's folder
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")
 KIND_Q4, KIND_Q8 = 4, 8

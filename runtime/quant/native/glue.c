@@ -21,21 +21,6 @@
 #include "qmatmul.h"
 #include "vecmath.h"
 
-static inline float bf16_f(uint16_t h)
-{
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t f_bf16(float f)          /* to nearest even */
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 static void rmsnorm_row(uint16_t *x, const uint16_t *h, const uint16_t *w, int64_t n,
                         float eps, uint16_t *out)
 {
