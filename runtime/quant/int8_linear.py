@@ -21,7 +21,8 @@ int8 does amplify are the last-bit differences attention has between a whole pre
 chunked one, or a cached prefix and a recomputed one: one activation that lands on the other
 side of an int8 rounding step moves the logits by far more than float32's rounding does, so
 near-ties can flip with cache state and chunking (measured: 8/8 sequences batched = alone, 7/8
-warm = cold, 1–4/8 chunked by 8 tokens = whole; the same as ``auto`` in bfloat16 trades). The quantize and rescale passes run natively
+warm = cold, 2–4/8 chunked by 8 tokens = whole, 3–4/8 preempted = not; the trade ``auto``
+makes in bfloat16). The quantize and rescale passes run natively
 (:mod:`agentlang.runtime.quant.native.int8_rows`) or, without the library, as torch ops with
 the same formulas.
 """
