@@ -86,7 +86,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
-    ap.add_argument("--weights", default="auto", choices=["auto", "dense"])
+    ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int8"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=128)
