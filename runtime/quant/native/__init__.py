@@ -144,6 +144,12 @@ class QMatmulLibrary:
         self._softmax.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
 
+
+    def entry(self, name: str, restype, *argtypes):
+        """The C function ``name`` with its ctypes signature set (``restype`` None: void)."""
+        fn = getattr(self.lib, name)
+        fn.restype, fn.argtypes = restype, list(argtypes)
+        return fn
     def matmul(self, w: QWeight, x: torch.Tensor, out_features: int | None = None) -> torch.Tensor:
         """x: float32 contiguous ``[M, K]`` → ``x @ W.T + bias``, float32 ``[M, N]`` (``N``:
         ``out_features``, the sum over a chain of parts; default ``w.n``)."""

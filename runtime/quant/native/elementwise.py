@@ -17,19 +17,10 @@ class Elementwise:
     """``glue.c``'s entry points on torch tensors (bfloat16, contiguous, CPU)."""
 
     def __init__(self, lib: QMatmulLibrary):
-        self._norm = lib.lib.agl_rmsnorm_bf16
-        self._norm.restype = None
-        self._norm.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                               ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
-        self._silu = lib.lib.agl_silu_mul_bf16
-        self._silu.restype = None
-        self._silu.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                               ctypes.c_int]
-        self._rope = lib.lib.agl_rope_bf16
-        self._rope.restype = None
-        self._rope.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                               ctypes.c_int]
+        v, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self._norm = lib.entry("agl_rmsnorm_bf16", None, v, v, v, i64, i64, ctypes.c_float, v, i)
+        self._silu = lib.entry("agl_silu_mul_bf16", None, v, i64, i64, v, i)
+        self._rope = lib.entry("agl_rope_bf16", None, v, i64, i64, i64, i64, v, v, v, i)
 
     @staticmethod
     def applies(*ts: torch.Tensor) -> bool:

@@ -19,15 +19,9 @@ class Int8Rows:
     """``int8.c``'s two entry points on torch tensors (contiguous, CPU)."""
 
     def __init__(self, lib: QMatmulLibrary):
-        self._quantize = lib.lib.agl_quantize_rows
-        self._quantize.restype = None
-        self._quantize.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
-                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-        self._dequant = lib.lib.agl_dequant_rows
-        self._dequant.restype = None
-        self._dequant.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                  ctypes.c_int]
+        v, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self._quantize = lib.entry("agl_quantize_rows", None, v, i, v, i64, i64, v, v, i)
+        self._dequant = lib.entry("agl_dequant_rows", None, v, i64, i64, v, v, v, v, i, i)
 
     def quantize(self, x: torch.Tensor, mul: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
