@@ -200,11 +200,11 @@ def start_agentlang(tokens: int, args, policy: str = "lpm") -> object:
     mb = tokens * bytes_per_token / 2**20
     port = free_port()
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
-           "--dtype", args.dtype, "--weights", "auto", "--kv-budget-mb", f"{mb:.3f}",
+           "--dtype", args.dtype, "--weights", args.weights, "--kv-budget-mb", f"{mb:.3f}",
            "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning",
            "--session-max-fraction", str(args.session_max_fraction),
            "--schedule-policy", policy]
-    return launch(f"agentlang ({args.dtype})", cmd, port, "default", cwd=ROOT)
+    return launch(f"agentlang ({args.dtype}, {args.weights})", cmd, port, "default", cwd=ROOT)
 
 
 def start_vllm(tokens: int, args) -> tuple[object, int]:
@@ -231,6 +231,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fractions", type=float, nargs="*", default=[0.5, 0.25])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int8"],
+                    help="agentlang's weights (int8: W8A8, a lower precision than vLLM's bf16)")
     ap.add_argument("--peers", nargs="*", default=[], choices=["vllm"])
     ap.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="vLLM's dtype (bfloat16: the issue's setting; float32 on CPUs without "
@@ -294,7 +296,7 @@ def main() -> None:
         if on and "vllm" in row:
             row["on_vs_vllm_jct_mean_speedup"] = row["vllm"]["jct_mean_s"] / on["jct_mean_s"]
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()}, one server at a time",
-              "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, weights auto)",
+              "model": f"SmolLM2-135M-Instruct (Q4_1 GGUF, weights {args.weights})",
               "command": "python bench/agent_sessions.py " + " ".join(sys.argv[1:]),
               "workload": {"agents": args.agents, "turns": args.turns, "seed": args.seed,
                            "peak_history_tokens": peak},
