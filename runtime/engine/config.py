@@ -11,6 +11,7 @@ from agentlang.runtime.speculative.policy import (DEFAULT_MAX_DRAFT, ROW_COST, c
                                                   check_row_cost)
 from agentlang.runtime.speculative.shared_lookup import SHARED_CAP
 from agentlang.runtime.core.program_service import check_schedule_policy
+from agentlang.runtime.quant.native import INT8_DOT_FLAGS, int8_matmuls_in_hardware
 from agentlang.runtime.scheduler.live_programs import busy_requests
 from agentlang.runtime.scheduler.config import SchedulerConfig
 from agentlang.runtime.weights.model_loader import WEIGHTS
@@ -69,6 +70,11 @@ class EngineConfig:
             raise ValueError(f"weights must be one of {list(WEIGHTS)}, got {self.weights!r}")
         if self.weights == "int8" and self.device != "cpu":
             raise ValueError(f"weights='int8' runs on the CPU only, got device {self.device!r}")
+        if self.weights == "int8" and not int8_matmuls_in_hardware():
+            raise ValueError(
+                f"weights='int8' needs a CPU with int8 dot products ({', '.join(INT8_DOT_FLAGS)});"
+                " this one has none, and its int8 GEMM would run ~15x slower than float32: use"
+                " weights 'auto' or 'dense'")
         if self.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(f"page_size must be a power of two in [1, 128], got {self.page_size!r}")
         for name in ("max_batch_tokens", "max_running", "max_wait_steps",

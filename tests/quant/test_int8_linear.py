@@ -123,9 +123,32 @@ def test_engine_option_and_its_errors():
         Int8Linear(nn.Linear(4, 4))(torch.zeros(1, 4, dtype=torch.float16))
 
 
-def test_engine_int8_batched_equals_alone():
-    from agentlang.runtime import Engine, SamplingParams
+def test_int8_is_refused_on_a_cpu_without_int8_dot_products(monkeypatch):
+    """An AVX2-only CPU runs oneDNN's int8 GEMM on a reference path (~15x slower than float32
+    here): the option is refused there, naming the instructions it needs and the alternatives."""
+    from agentlang.runtime.engine import config
+    from agentlang.runtime.quant.native import int8_matmuls_in_hardware
 
+    assert not int8_matmuls_in_hardware(frozenset({"avx2", "fma", "f16c"}))
+    assert int8_matmuls_in_hardware(frozenset({"avx2", "avx512_vnni"}))
+    assert int8_matmuls_in_hardware(frozenset({"avx2", "avx_vnni"}))
+    assert int8_matmuls_in_hardware(frozenset())           # flags unknown: not refused
+    monkeypatch.setattr(config, "int8_matmuls_in_hardware", lambda: False)
+    with pytest.raises(ValueError, match=r"weights='int8' needs a CPU with int8 dot products "
+                                         r"\(avx512_vnni, avx_vnni, amx_int8\).*use weights "
+                                         r"'auto' or 'dense'"):
+        config.EngineConfig(weights="int8").validate()
+    config.EngineConfig(weights="auto").validate()
+    monkeypatch.setattr(config, "int8_matmuls_in_hardware", lambda: True)
+    config.EngineConfig(weights="int8").validate()
+
+
+def test_engine_int8_batched_equals_alone(monkeypatch):
+    from agentlang.runtime import Engine, SamplingParams
+    from agentlang.runtime.engine import config
+
+    # the path's results, on any CPU (without int8 dot products it is only slow)
+    monkeypatch.setattr(config, "int8_matmuls_in_hardware", lambda: True)
     eng = Engine(weights="int8", dtype="bfloat16", kv_budget_mb=64)
     assert sum(isinstance(m, Int8Linear) for m in eng.model.modules()) == 30 * 4 + 1
     prompts = [eng.tokenizer.encode(p) for p in (
