@@ -48,6 +48,14 @@ def worktree(rev: str, work: Path) -> Path:
     if not path.exists():
         subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=REPO,
                        check=True, capture_output=True)
+    return own_code(path)
+
+
+def own_code(path: Path) -> Path:
+    """``path``, a checkout run with itself first on ``PYTHONPATH``, made to import its own
+    ``runtime/`` and ``kernels/``: a checkout that installs them as ``agentlang.runtime`` /
+    ``agentlang.kernels`` gets them linked into its ``agentlang/`` (else the editable install
+    of this checkout would map them here)."""
     for name in ("runtime", "kernels"):   # commits that map the folders into agentlang
         link = path / "agentlang" / name
         if (path / "setup.py").exists() and "agentlang.runtime" in (path / "setup.py").read_text() \

@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.before_after import own_code  # noqa: E402
+
 SHAPES = {"up 8192x2048": (8192, 2048), "down 2048x8192": (2048, 8192)}
 KINDS = ("Q4_K", "Q6_K", "Q5_K", "Q4_0")
 ROWS = (1, 8, 64)
@@ -86,12 +88,14 @@ def measure(seconds: float, footprint_mb: float = 0.0, kinds=KINDS, rows=ROWS) -
 
 
 def run_tree(root: Path, args: argparse.Namespace) -> list[dict]:
-    """One round of :func:`measure` in a fresh process of checkout ``root``."""
+    """One round of :func:`measure` in a fresh process of checkout ``root``, on its own code
+    (:func:`bench.before_after.own_code`)."""
     run = subprocess.run([sys.executable, str(root / "bench/kquant_matmul.py"), "--json",
                           "--seconds", str(args.seconds), "--footprint-mb",
                           str(args.footprint_mb), "--kinds", *args.kinds, "--rows",
-                          *map(str, args.rows)], cwd=root, capture_output=True, text=True,
-                         check=True)
+                          *map(str, args.rows)], cwd=root if root.resolve() == ROOT else own_code(root),
+                         capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(root)))
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
