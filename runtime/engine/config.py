@@ -11,7 +11,7 @@ from agentlang.runtime.speculative.policy import (DEFAULT_MAX_DRAFT, ROW_COST, c
                                                   check_row_cost)
 from agentlang.runtime.speculative.shared_lookup import SHARED_CAP
 from agentlang.runtime.core.program_service import check_schedule_policy
-from agentlang.runtime.quant.native import INT8_DOT_FLAGS, int8_matmuls_in_hardware
+from agentlang.runtime.quant.native.cpu_features import INT8_DOT_FLAGS, int8_matmuls_in_hardware
 from agentlang.runtime.scheduler.live_programs import busy_requests
 from agentlang.runtime.scheduler.config import SchedulerConfig
 from agentlang.runtime.weights.model_loader import WEIGHTS

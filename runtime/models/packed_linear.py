@@ -11,7 +11,7 @@ measured on a 2-core Zen 4 EPYC with the embedded model's shapes (issue 29):
 * bf16: the same bits as ``F.linear`` (the same kernel on the same layout); 1.15–1.4× at a
   decode batch of 42–64 rows, 1.3–1.6× for the 49k-row LM head, 1.02–1.16× at prefill sizes.
   Used where bf16 GEMMs run on bf16 instructions
-  (:func:`agentlang.runtime.quant.native.bf16_matmuls_in_hardware`).
+  (:func:`agentlang.runtime.quant.native.cpu_features.bf16_matmuls_in_hardware`).
 * float32: 1.4–2.5× MKL at 8–64 rows, 2.1–4.5× for the LM head, 1.1–2× at 2048 rows. The
   bits differ from MKL's in the last places (another summation order); a row's result
   is as independent of the batch as MKL's was (neither library promises it; the invariance
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from agentlang.runtime.attention import onednn
-from agentlang.runtime.quant.native import bf16_matmuls_in_hardware
+from agentlang.runtime.quant.native.cpu_features import bf16_matmuls_in_hardware
 
 ROWS_HINT = 64      # the batch size oneDNN chooses the layout for (any row count runs)
 PACKED_DTYPES = (torch.bfloat16, torch.float32)

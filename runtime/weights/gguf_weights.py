@@ -29,8 +29,9 @@ from agentlang.runtime.quant.block_linear import BF16_GEMM_ROWS, BlockLinear
 from agentlang.runtime.quant.kblock_linear import ChainLinear, KBlockLinear
 from agentlang.runtime.quant.kquant import KINDS as K_TYPES, ROW_MULTIPLE, KBlocks, split_kblocks
 from agentlang.runtime.weights.gguf_file import KEPT_QUANTIZED, GgufFile
-from agentlang.runtime.quant.native import (KIND_Q4, KIND_Q8, QMatmulLibrary, bf16_matmuls_in_hardware,
-                            kquant_library, qmatmul_library)
+from agentlang.runtime.quant.native import (KIND_Q4, KIND_Q8, QMatmulLibrary, kquant_library,
+                                            qmatmul_library)
+from agentlang.runtime.quant.native.cpu_features import bf16_matmuls_in_hardware
 from agentlang.runtime.quant.quant_linear import QuantLinear
 
 CHUNK_ROWS = 4096

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agentlang.runtime.models.packed_linear import PackedLinear, pack_linears, packing_available
-from agentlang.runtime.quant.native import bf16_matmuls_in_hardware
+from agentlang.runtime.quant.native.cpu_features import bf16_matmuls_in_hardware
 
 needs_packing = pytest.mark.skipif(not (packing_available() and bf16_matmuls_in_hardware()),
                                    reason="no oneDNN packing or no bf16 instructions here")

@@ -127,7 +127,7 @@ def test_int8_is_refused_on_a_cpu_without_int8_dot_products(monkeypatch):
     """An AVX2-only CPU runs oneDNN's int8 GEMM on a reference path (~15x slower than float32
     here): the option is refused there, naming the instructions it needs and the alternatives."""
     from agentlang.runtime.engine import config
-    from agentlang.runtime.quant.native import int8_matmuls_in_hardware
+    from agentlang.runtime.quant.native.cpu_features import int8_matmuls_in_hardware
 
     assert not int8_matmuls_in_hardware(frozenset({"avx2", "fma", "f16c"}))
     assert int8_matmuls_in_hardware(frozenset({"avx2", "avx512_vnni"}))

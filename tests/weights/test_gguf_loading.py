@@ -18,7 +18,8 @@ from agentlang.runtime.weights.gguf_file import GgufError
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 from agentlang.runtime.weights.model_loader import resolve_model
 from agentlang.runtime.models.gguf_model import load_gguf_model
-from agentlang.runtime.quant.native import bf16_matmuls_in_hardware, kquant_library, qmatmul_library
+from agentlang.runtime.quant.native import kquant_library, qmatmul_library
+from agentlang.runtime.quant.native.cpu_features import bf16_matmuls_in_hardware
 from agentlang.runtime.cache.page_allocator import PageAllocator
 from agentlang.runtime.quant.quant_linear import QuantEmbedding, QuantLinear
 from tests.support.gguf_files import K_DIMS, L, SMALL, write_gguf
