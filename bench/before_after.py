@@ -55,7 +55,9 @@ def own_code(path: Path) -> Path:
     """``path``, a checkout run with itself first on ``PYTHONPATH``, made to import its own
     ``runtime/`` and ``kernels/``: a checkout that installs them as ``agentlang.runtime`` /
     ``agentlang.kernels`` gets them linked into its ``agentlang/`` (else the editable install
-    of this checkout would map them here)."""
+    of this checkout would map them here). This checkout itself is left as it is."""
+    if path.resolve() == REPO.resolve():
+        return path
     for name in ("runtime", "kernels"):   # commits that map the folders into agentlang
         link = path / "agentlang" / name
         if (path / "setup.py").exists() and "agentlang.runtime" in (path / "setup.py").read_text() \

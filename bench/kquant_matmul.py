@@ -93,9 +93,8 @@ def run_tree(root: Path, args: argparse.Namespace) -> list[dict]:
     run = subprocess.run([sys.executable, str(root / "bench/kquant_matmul.py"), "--json",
                           "--seconds", str(args.seconds), "--footprint-mb",
                           str(args.footprint_mb), "--kinds", *args.kinds, "--rows",
-                          *map(str, args.rows)], cwd=root if root.resolve() == ROOT else own_code(root),
-                         capture_output=True, text=True, check=True,
-                         env=dict(os.environ, PYTHONPATH=str(root)))
+                          *map(str, args.rows)], cwd=own_code(root), capture_output=True,
+                         text=True, check=True, env=dict(os.environ, PYTHONPATH=str(root)))
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
