@@ -11,6 +11,7 @@ import torch
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.quant.kblock_linear import ChainLinear, KBlockLinear
 from agentlang.runtime.quant.kquant import dequantize, split_kblocks
+from agentlang.runtime.quant import native
 from agentlang.runtime.quant.native import kquant_library
 from agentlang.runtime.weights.gguf_file import GgufError
 from agentlang.runtime.weights.gguf_weights import block_linear
@@ -27,10 +28,20 @@ def gguf_decoded(raw: np.ndarray, qtype: str) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def lib():
+    """The build a model with K-quant tensors loads with here."""
     lib = kquant_library()
     if lib is None:
         pytest.skip("no native build with K-quant kernels runs here")
     return lib
+
+
+@pytest.fixture(scope="module", params=[i.name for i in native.ISAS if i.kquants])
+def build(request):
+    """Each build with K-quant kernels, where this CPU runs it (an AVX-512 machine: both)."""
+    isa = next((i for i in native.runnable_isas() if i.name == request.param), None)
+    if isa is None:
+        pytest.skip(f"this CPU cannot run the {request.param} build")
+    return native.build_library(isa)
 
 
 @pytest.mark.parametrize("qtype", KTYPES)
@@ -45,22 +56,22 @@ def test_dequantization_is_bitwise_the_gguf_packages(qtype, scale):
 
 @pytest.mark.parametrize("qtype", KTYPES)
 @pytest.mark.parametrize("N,K", [(37, 256), (64, 768), (5, 1536), (9, 576)])
-def test_native_matmul_matches_float64_reference(lib, qtype, N, K):
+def test_native_matmul_matches_float64_reference(build, qtype, N, K):
     if K % 256 and qtype not in BLOCK:
         pytest.skip("K-quant rows are whole super-blocks")
     raw = random_blocks(qtype, N, K, seed=N + K)
-    lin = KBlockLinear(lib, split_kblocks(raw, qtype), bias=torch.arange(N, dtype=torch.float32))
+    lin = KBlockLinear(build, split_kblocks(raw, qtype), bias=torch.arange(N, dtype=torch.float32))
     w = torch.from_numpy(gguf_decoded(raw, qtype)).double()
     assert torch.equal(lin.dequantize().double(), w)
-    for T in (1, 3, 9, 37):                 # 37: through panels (avx2/panel.h)
+    for T in (1, 3, 9, 37):                 # 37: through avx2/panel.h; avx512: row tiles
         x = torch.randn(T, K)
         ref = quantized_activations(x) @ w.T + torch.arange(N).double()
         assert ((lin(x).double() - ref).norm() / ref.norm()).item() < 1e-5
 
 
 @pytest.mark.parametrize("qtype", KTYPES)
-def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
-    lin = KBlockLinear(lib, split_kblocks(random_blocks(qtype, 203, 512), qtype))
+def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(build, qtype):
+    lin = KBlockLinear(build, split_kblocks(random_blocks(qtype, 203, 512), qtype))
     x = torch.randn(23, 512)
     together = lin(x)
     alone = torch.cat([lin(x[i:i + 1]) for i in range(23)])
@@ -70,15 +81,15 @@ def test_each_row_is_the_same_alone_batched_and_at_any_thread_count(lib, qtype):
     assert_same_at_one_thread(lin, x, together)
 
 
-def test_a_chain_of_mixed_kinds_is_its_parts_side_by_side(lib):
+def test_a_chain_of_mixed_kinds_is_its_parts_side_by_side(build):
     K = 512
     q8 = gguf.quants.quantize(np.random.default_rng(2).standard_normal((16, K)).astype(np.float32),
                               gguf.GGMLQuantizationType.Q8_0)
-    parts = [KBlockLinear(lib, split_kblocks(random_blocks("Q4_K", 64, K), "Q4_K"),
+    parts = [KBlockLinear(build, split_kblocks(random_blocks("Q4_K", 64, K), "Q4_K"),
                           bias=torch.ones(64)),
-             KBlockLinear(lib, split_kblocks(random_blocks("Q6_K", 32, K, 3), "Q6_K")),
-             block_linear(lib, [(q8, "Q8_0")], bias=-torch.ones(16))]
-    chain = ChainLinear(lib, parts)
+             KBlockLinear(build, split_kblocks(random_blocks("Q6_K", 32, K, 3), "Q6_K")),
+             block_linear(build, [(q8, "Q8_0")], bias=-torch.ones(16))]
+    chain = ChainLinear(build, parts)
     for T in (1, 5, 24):
         x = torch.randn(T, K)
         assert torch.equal(chain(x), torch.cat([p(x) for p in parts], dim=1))

@@ -55,7 +55,7 @@ def test_each_build_has_its_own_sources_and_cache_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     for isa in native.ISAS:
         own = [*native.OWN, *isa.headers]
-        assert ("kquant.h" in isa.headers) == isa.kquants
+        assert bool({"kquant.h", "kgroups.h"} & set(isa.headers)) == isa.kquants   # K-quant readers
         assert [p.name for p in isa.sources()][-len(own):] == own
         assert all(p.parent.name == isa.name for p in isa.sources()[-len(own):])
         assert all(p.exists() for p in isa.sources())
@@ -82,3 +82,31 @@ def test_avx2_and_avx512_builds_agree_where_both_run():
         ya, yb = a(x), b(x)                    # the same integer sums, float32 sums in another order
         assert ((ya - yb).norm() / ya.norm()).item() < 1e-6
         assert torch.equal(a.lib.dequantize_bf16(a.qweight), b.lib.dequantize_bf16(b.qweight))
+
+
+def test_both_builds_multiply_k_quants_alike_where_both_run():
+    """The same exact block sums, scaled by the same float32 steps: the results differ only in
+    the order of float32 sums (every kind, few rows and many, a chain of kinds)."""
+    pytest.importorskip("gguf")
+    from agentlang.runtime.quant.kblock_linear import ChainLinear, KBlockLinear
+    from agentlang.runtime.quant.kquant import split_kblocks
+    from tests.support.gguf_files import random_blocks
+
+    runnable = [i for i in native.runnable_isas() if i.kquants]
+    if len(runnable) < 2:
+        pytest.skip(f"needs both builds; this CPU runs {[i.name for i in runnable]}")
+    libs = [native.build_library(i) for i in runnable]
+    torch.manual_seed(0)
+    for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"):
+        for K in ((576, 768) if qtype.endswith("_0") or qtype.endswith("_1") else (256, 1024)):
+            raw = random_blocks(qtype, 45, K, seed=K)
+            a, b = (KBlockLinear(lib, split_kblocks(raw, qtype)) for lib in libs)
+            for T in (1, 3, 30):
+                x = torch.randn(T, K)
+                ya, yb = a(x), b(x)
+                assert ((ya - yb).norm() / ya.norm()).item() < 1e-6, (qtype, K, T)
+    raws = [random_blocks("Q4_K", 40, 512, 1), random_blocks("Q6_K", 24, 512, 2)]
+    x = torch.randn(7, 512)
+    ya, yb = (ChainLinear(lib, [KBlockLinear(lib, split_kblocks(r, t)) for r, t in
+                                zip(raws, ("Q4_K", "Q6_K"))])(x) for lib in libs)
+    assert ya.shape == (7, 64) and ((ya - yb).norm() / ya.norm()).item() < 1e-6

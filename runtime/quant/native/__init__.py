@@ -12,9 +12,9 @@ faster and keeps each block's own scale (Q8_0 included).
 Two builds (:data:`ISAS`), the same entry points, the same weight layout and the same
 arithmetic contract (activations quantized to 16 bits a block, exact integer block sums, a
 row's output independent of the batch and the threads): ``avx512/`` (AVX-512 VNNI: four
-``vpdpbusd`` a group of 4 blocks) and ``avx2/`` (AVX2 + FMA + F16C: ``vpmaddwd`` on int16,
-one path for few rows and one through packed panels for many), with ``decode_layer.c`` and
-``vecmath.h`` shared. The results of the two differ only in the order of float32 sums (the
+``vpdpbusd`` a group of 4 blocks, K-quants read a group at a time by ``kgroups.h``) and
+``avx2/`` (AVX2 + FMA + F16C: ``vpmaddwd`` on int16, one path for few rows and one through
+packed panels for many), with ``decode_layer.c`` and ``vecmath.h`` shared. The results of the two differ only in the order of float32 sums (the
 AVX-512 build sums 16 lanes of partial block sums; the AVX2 one each block's exact sum).
 
 Availability (:func:`qmatmul_library` returns None and says why, once, in the log): the CPU
@@ -59,8 +59,9 @@ K_KINDS = (KIND_Q5, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K)   # the kinds of kquant.h's
 class Isa:
     """One build of the library: its folder (``name``) of :data:`OWN` sources and the
     ``headers`` they include, the CPU flags (``/proc/cpuinfo``) it needs and the compiler flags
-    that enable them. ``kquants``: the build multiplies K-quant super-blocks (its headers
-    include ``kquant.h``); others leave K-quant tensors to be decoded by the loader."""
+    that enable them. ``kquants``: the build multiplies K-quant super-blocks and chains of
+    weights (its headers include its K-quant reader: ``kquant.h``, ``kgroups.h``); others leave
+    K-quant tensors to be decoded by the loader."""
 
     name: str
     cpu_flags: tuple[str, ...]
@@ -77,7 +78,8 @@ class Isa:
 
 ISAS = (   # best first
     Isa("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c"),
-        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c")),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c"),
+        kquants=True, headers=("kgroups.h",)),
     Isa("avx2", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c"), kquants=True,
         headers=("kquant.h", "blocks.h", "qact.h", "rows.h", "panel.h")),
 )

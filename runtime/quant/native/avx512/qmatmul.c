@@ -9,7 +9,10 @@
  *        B in the high ones (Q4_1: mn = m; Q4_0: mn = -8 d)
  *   Q8 (Q8_0):       w = q * d, 128 int8 (64 in a half group): A then B (block_linear.py
  *        permutes the file's bytes into this order at load)
- * d, m: float16 bits, one a block, as in the file.
+ * d, m: float16 bits, one a block, as in the file. The K-quants (Q4_K, Q5_K, Q6_K) and Q5_0 /
+ * Q5_1, in the AVX2 build's layout: kgroups.h. Q4_K, Q5_K and Q5 multiply as Q4 does (unsigned
+ * quants, a min term); Q6_K as Q8 does, but with the A and B planes' sums apart (each half
+ * block has its own step). A chain of weights (qmatmul.h's next) fills its own columns.
  *
  * Each input row is first quantized to 16 bits, a step a block (d = max|x| / 32767,
  * q = round(x / d), to nearest even), kept as two byte planes in the same A / B order:
@@ -29,15 +32,20 @@
 #include <string.h>
 
 #include "qmatmul.h"
+#include "kgroups.h"
 
 #define QK 32
-#define GB 320      /* activation bytes a group: planes hA hB lA lB (64 each), Q8's correction */
+#define GB 448      /* activation bytes a group: planes hA hB lA lB (64 each), the signed
+                     * kinds' corrections: Q8's (both planes), Q6_K's A plane's, B plane's */
 #define MR 4        /* activation rows of a tile */
 #define NR 4        /* weight rows of a tile */
 #define TILE_N 16   /* output columns a task step: their weights stay in L1 across the rows */
 #define CHUNK_BYTES 24576   /* activations a pass (rows of kg * GB bytes): they stay in L1 while
                              * a thread's weights stream past them from L2 */
 #define QMAX 32767.0f
+#ifndef PF_ROWS
+#define PF_ROWS 4   /* prefetch_ahead's distance in weight rows (0: none) */
+#endif
 _Static_assert(MR * NR == 16, "a tile's outputs are the 16 lanes of hsum16");
 
 /* 16 values as 16-bit q: high bytes at h, low bytes at l; returns q as int32 */
@@ -50,8 +58,8 @@ static inline __m512i split16(__m512 v, float id, int8_t *h, uint8_t *l)
 }
 
 /* Row x's nb blocks into kg = ceil(kb / 4) groups of GB bytes at a: planes hA hB lA lB
- * (block b of a group at 16b of each) and Q8's correction -128 * (the sum of h over each int32
- * lane's 8 bytes), int32 x 16; each block's step spread over its 4 lanes at xd (16 floats a
+ * (block b of a group at 16b of each) and the corrections -128 * (the sum of h over each int32
+ * lane's bytes), int32 x 16: of hA and hB together (Q8), of hA, of hB (Q6_K); each block's step spread over its 4 lanes at xd (16 floats a
  * group) and the step times the block's sum of q at xs (Q4's minimum term; 4 a group). Blocks
  * from nb to 4 kg: zero. */
 static void quantize_row(const float *x, int64_t nb, int64_t kg, uint8_t *a, float *xd,
@@ -77,9 +85,12 @@ static void quantize_row(const float *x, int64_t nb, int64_t kg, uint8_t *a, flo
     const __m512i ones = _mm512_set1_epi8(1);
     for (int64_t g = 0; g < kg; g++) {
         uint8_t *p = a + g * GB;
-        __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(p));
-        s = _mm512_dpbusd_epi32(s, ones, _mm512_loadu_si512(p + 64));
-        _mm512_storeu_si512(p + 256, _mm512_mullo_epi32(s, _mm512_set1_epi32(-128)));
+        const __m512i sa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(p));
+        const __m512i sb = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(p + 64));
+        const __m512i c = _mm512_set1_epi32(-128);
+        _mm512_storeu_si512(p + 256, _mm512_mullo_epi32(_mm512_add_epi32(sa, sb), c));
+        _mm512_storeu_si512(p + 320, _mm512_mullo_epi32(sa, c));
+        _mm512_storeu_si512(p + 384, _mm512_mullo_epi32(sb, c));
     }
 }
 
@@ -100,6 +111,15 @@ static inline __m512i products_q8(__m512i wa, __m512i wb, __m512i ua, __m512i ub
     ph = _mm512_dpbusd_epi32(ph, ub, _mm512_loadu_si512(a + 64));
     __m512i p = _mm512_dpbusd_epi32(_mm512_slli_epi32(ph, 8), _mm512_loadu_si512(a + 128), wa);
     return _mm512_dpbusd_epi32(p, _mm512_loadu_si512(a + 192), wb);
+}
+
+/* Q6_K's sum over one plane of a group (h, l its high and low bytes, c its correction): w
+ * signed, u = w + 128 */
+static inline __m512i products_plane_s8(__m512i w, __m512i u, const uint8_t *h, const uint8_t *l,
+                                        const uint8_t *c)
+{
+    __m512i ph = _mm512_dpbusd_epi32(_mm512_loadu_si512(c), u, _mm512_loadu_si512(h));
+    return _mm512_dpbusd_epi32(_mm512_slli_epi32(ph, 8), _mm512_loadu_si512(l), w);
 }
 
 /* products_q4 and products_q8 of a half group (2 blocks, lanes 4b..4b+3 of 8) */
@@ -166,11 +186,11 @@ static inline __m512 hsum16(const __m512 v[16])
     return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
 }
 
-/* The Q4 minimum term of outputs (i, j), as lanes: sum over blocks b of mn[j][b] * xs[i][b]
- * (mn = m, or -8 d for Q4_0), 16 blocks a vector, into t[i][j]. */
+/* The minimum term of outputs (i, j) of the kinds with one, as lanes: sum over blocks b of
+ * mn[j][b] * xs[i][b] (kgroups.h's block_mins: Q4 m or -8 d), 16 blocks a vector, into t[i][j]. */
 static inline __attribute__((always_inline)) void
-min_terms(const agl_qweight *w, const float *xs, int64_t kg, int64_t m, int mr, int64_t n,
-          int nr, __m512 t[MR][NR])
+min_terms(const agl_qweight *w, int kind, const float *xs, int64_t kg, int64_t m, int mr,
+          int64_t n, int nr, __m512 t[MR][NR])
 {
     const int64_t kb = w->kb;
     for (int i = 0; i < mr; i++)
@@ -180,9 +200,7 @@ min_terms(const agl_qweight *w, const float *xs, int64_t kg, int64_t m, int mr, 
         __mmask16 k = kb - c >= 16 ? 0xFFFF : (__mmask16)((1u << (kb - c)) - 1);
         __m512 mn[NR], x[MR];
         for (int j = 0; j < nr; j++)
-            mn[j] = w->m ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, w->m + (n + j) * kb + c))
-                         : _mm512_mul_ps(_mm512_set1_ps(-8.0f), _mm512_cvtph_ps(
-                               _mm256_maskz_loadu_epi16(k, w->d + (n + j) * kb + c)));
+            mn[j] = block_mins(w, kind, n + j, c);
         for (int i = 0; i < mr; i++)
             x[i] = _mm512_maskz_loadu_ps(k, xs + (m + i) * kg * 4 + c);
         for (int i = 0; i < mr; i++)
@@ -198,6 +216,20 @@ typedef struct {
     const float *xd, *xs;
 } qact;
 
+/* The quants of group g of weight row r + PF_ROWS into L1: the next tile's, as the hardware
+ * prefetcher does not fetch several interleaved rows early enough at batch 1 */
+static inline __attribute__((always_inline)) void
+prefetch_ahead(const agl_qweight *w, int kind, int64_t r, int64_t g)
+{
+    if (!PF_ROWS)
+        return;
+    const int bytes = kind == AGL_Q8 || kind == AGL_Q6_K ? 128 : 64;   /* a group's quants */
+    const char *p = (const char *)w->qs + (r + PF_ROWS) * w->kb * (bytes / 4) + g * bytes;
+    _mm_prefetch(p, _MM_HINT_T0);
+    if (bytes == 128)
+        _mm_prefetch(p + 64, _MM_HINT_T0);
+}
+
 /* out[i][j] = row m + i of x times weight row n + j, for i < mr, j < nr. Every output gets the
  * same operations in the same order whatever mr and nr are (constants where it is inlined). */
 static inline __attribute__((always_inline)) void
@@ -210,34 +242,57 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++)
             acc[i][j] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < kb / 4; g++)
+    /* the groups of 4 blocks, then (Q5, kb % 4 == 2) a last group of 2, full width */
+    const int64_t groups = kind == AGL_Q5 ? kg : kb / 4;
+    for (int64_t g = 0; g < groups; g++)
         for (int j = 0; j < nr; j++) {
             __m512i wa, wb, ua = _mm512_setzero_si512(), ub = ua;
-            if (kind == 4) {
+            __m512 ws, ws2;
+            if (mr == 1)                      /* few rows: the weights stream from memory */
+                prefetch_ahead(w, kind, n + j, g);
+            if (kind == AGL_Q4) {
                 __m512i v = _mm512_loadu_si512((const uint8_t *)w->qs + (n + j) * kb * 16 + g * 64);
                 wa = _mm512_and_si512(v, lo4);
                 wb = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-            } else {
+                ws = ws2 = half4(w->d + (n + j) * kb + g * 4);
+            } else if (kind == AGL_Q8) {
                 const int8_t *p = (const int8_t *)w->qs + (n + j) * kb * QK + g * 128;
                 wa = _mm512_loadu_si512(p);
                 wb = _mm512_loadu_si512(p + 64);
                 ua = _mm512_xor_si512(wa, sign);
                 ub = _mm512_xor_si512(wb, sign);
+                ws = ws2 = half4(w->d + (n + j) * kb + g * 4);
+            } else {
+                const int nblocks = kb - 4 * g < 4 ? (int)(kb - 4 * g) : 4;
+                if (kind == AGL_Q6_K) {
+                    q6_group(w, n + j, g, &wa, &wb);
+                    ua = _mm512_xor_si512(wa, sign);
+                    ub = _mm512_xor_si512(wb, sign);
+                } else {
+                    nibble_group(w, kind, n + j, g, nblocks, &wa, &wb);
+                }
+                group_steps(w, kind, n + j, g, nblocks, &ws, &ws2);
             }
-            __m512 ws = half4(w->d + (n + j) * kb + g * 4);
             for (int i = 0; i < mr; i++) {
                 const uint8_t *x = a->q + (m + i) * arow + g * GB;
-                __m512i p = kind == 4 ? products_q4(wa, wb, x) : products_q8(wa, wb, ua, ub, x);
-                __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(a->xd + (m + i) * kg * 16 + g * 16));
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[i][j]);
+                const __m512 xd = _mm512_loadu_ps(a->xd + (m + i) * kg * 16 + g * 16);
+                if (kind == AGL_Q6_K) {            /* each plane with its halves' steps */
+                    __m512i pa = products_plane_s8(wa, ua, x, x + 128, x + 320);
+                    __m512i pb = products_plane_s8(wb, ub, x + 64, x + 192, x + 384);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pa), _mm512_mul_ps(ws, xd), acc[i][j]);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pb), _mm512_mul_ps(ws2, xd), acc[i][j]);
+                    continue;
+                }
+                __m512i p = kind == AGL_Q8 ? products_q8(wa, wb, ua, ub, x) : products_q4(wa, wb, x);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(ws, xd), acc[i][j]);
             }
         }
-    if (kb % 4)                                                   /* the half group */
+    if ((kind == AGL_Q4 || kind == AGL_Q8) && kb % 4)            /* the half group */
         for (int j = 0; j < nr; j++) {
             const int64_t g = kb / 4;
             const __m256i lo4h = _mm512_castsi512_si256(lo4), signh = _mm512_castsi512_si256(sign);
             __m256i wa, wb, ua = _mm256_setzero_si256(), ub = ua;
-            if (kind == 4) {
+            if (kind == AGL_Q4) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)((const uint8_t *)w->qs + (n + j) * kb * 16 + g * 64));
                 wa = _mm256_and_si256(v, lo4h);
                 wb = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4h);
@@ -251,18 +306,18 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
             __m256 ws = half2(w->d + (n + j) * kb + g * 4);
             for (int i = 0; i < mr; i++) {
                 const uint8_t *x = a->q + (m + i) * arow + g * GB;
-                __m256i p = kind == 4 ? products_q4_half(wa, wb, x)
-                                      : products_q8_half(wa, wb, ua, ub, x);
+                __m256i p = kind == AGL_Q4 ? products_q4_half(wa, wb, x)
+                                           : products_q8_half(wa, wb, ua, ub, x);
                 __m256 sc = _mm256_mul_ps(ws, _mm256_loadu_ps(a->xd + (m + i) * kg * 16 + g * 16));
                 acc[i][j] = _mm512_fmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(p)),
                                             _mm512_zextps256_ps512(sc), acc[i][j]);
             }
         }
-    __m512 t[MR][NR];                      /* Q4: the minimum term of each output */
-    if (kind == 4)
-        min_terms(w, a->xs, kg, m, mr, n, nr, t);
+    __m512 t[MR][NR];                      /* the minimum term of each output */
+    if (has_min(kind))
+        min_terms(w, kind, a->xs, kg, m, mr, n, nr, t);
     if (mr == 1 && nr == 1) {
-        out[0][0] = kind == 4 ? hsum(acc[0][0]) + hsum(t[0][0]) : hsum(acc[0][0]);
+        out[0][0] = has_min(kind) ? hsum(acc[0][0]) + hsum(t[0][0]) : hsum(acc[0][0]);
         return;
     }
     __m512 v[16], u[16];                   /* output (i, j) at 4 j + i: lane 4 i + j of hsum16 */
@@ -271,21 +326,22 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) {
             v[4 * j + i] = acc[i][j];
-            if (kind == 4)
+            if (has_min(kind))
                 u[4 * j + i] = t[i][j];
         }
     __m512 s = hsum16(v);
-    if (kind == 4)
+    if (has_min(kind))
         s = _mm512_add_ps(s, hsum16(u));
     _mm512_storeu_ps(&out[0][0], s);
 }
 
-static inline void store(const agl_qweight *w, float *y, int64_t m, int64_t n, float v,
-                         int accumulate)
+/* y[m][n] (row stride ldy) = v + bias, or += that with accumulate */
+static inline void store(const agl_qweight *w, float *y, int64_t ldy, int64_t m, int64_t n,
+                         float v, int accumulate)
 {
     if (w->bias)
         v += w->bias[n];
-    y[m * w->n + n] = accumulate ? y[m * w->n + n] + v : v;
+    y[m * ldy + n] = accumulate ? y[m * ldy + n] + v : v;
 }
 
 #define TILES(kind)                                                                      \
@@ -298,37 +354,31 @@ static inline void store(const agl_qweight *w, float *y, int64_t m, int64_t n, f
 
 /* rows m.. and columns n.. of y: mr in {MR, 1} rows by nr in {NR, 1} columns */
 static void run_tile(const agl_qweight *w, const qact *a, int64_t m, int mr, int64_t n, int nr,
-                     float *y, int accumulate)
+                     float *y, int64_t ldy, int accumulate)
 {
     float v[MR][NR];
-    if (w->kind == 4)
-        TILES(4);
-    else
-        TILES(8);
+    switch (w->kind) {                   /* each kind its own inlined copies */
+    case AGL_Q4: TILES(AGL_Q4); break;
+    case AGL_Q5: TILES(AGL_Q5); break;
+    case AGL_Q4_K: TILES(AGL_Q4_K); break;
+    case AGL_Q5_K: TILES(AGL_Q5_K); break;
+    case AGL_Q6_K: TILES(AGL_Q6_K); break;
+    default: TILES(AGL_Q8);
+    }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++)
-            store(w, y, m + i, n + j, v[i][j], accumulate);
+            store(w, y, ldy, m + i, n + j, v[i][j], accumulate);
 }
 
-int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accumulate,
-            int nthreads)
+/* One weight of a chain: its N columns of y (row stride ldy), all M rows */
+static void weight_matmul(const agl_qweight *w, const qact *a, int64_t M, int64_t kg, float *y,
+                          int64_t ldy, int accumulate, int nthreads)
 {
-    const int64_t K = w->k, N = w->n, nb = K / QK, kg = (w->kb + 3) / 4;
-    if ((w->kind != AGL_Q4 && w->kind != AGL_Q8) || w->next)
-        return -2;                       /* K-quants and chains: the AVX2 build only, so far */
-    uint8_t *q = malloc((size_t)(M * kg * GB));
-    float *xd = malloc(sizeof(float) * (size_t)(M * kg) * 20);   /* 16 spread steps + 4 sums */
-    if (!q || !xd) { free(q); free(xd); return -1; }
-    float *xs = xd + M * kg * 16;
-    const qact act = {q, xd, xs}, *a = &act;
-    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1 && M * N * K > 65536)
-    for (int64_t m = 0; m < M; m++)
-        quantize_row(x + m * K, nb, kg, q + m * kg * GB, xd + m * kg * 16, xs + m * kg * 4);
-    const int64_t tiles = (N + TILE_N - 1) / TILE_N;
+    const int64_t N = w->n, tiles = (N + TILE_N - 1) / TILE_N;
     const int64_t fit = CHUNK_BYTES / (kg * GB) / MR * MR, chunk = fit > MR ? fit : MR;
-    /* Q8 under MR rows: one weight row at a time (4 interleaved 128-byte streams measured
-     * 1.8x slower at batch 1: the prefetcher loses them); Q4 rows gain from 4 at once */
-    const int wide = M >= MR || w->kind == 4;
+    /* 8-bit weights under MR rows: one weight row at a time (4 interleaved 128-byte streams
+     * measured 1.8x slower at batch 1: the prefetcher loses them); 4-bit rows gain from 4 */
+    const int wide = M >= MR || has_min(w->kind);
     #pragma omp parallel num_threads(nthreads)
     {   /* each thread a contiguous range of column tiles, chunk rows at a time */
         const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
@@ -339,13 +389,42 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
                 const int nr = wide && n % TILE_N + NR <= TILE_N && n + NR <= N ? NR : 1;
                 for (int64_t m = m0; m < m1;) {
                     const int mr = m + MR <= m1 ? MR : 1;
-                    run_tile(w, a, m, mr, n, nr, y, accumulate);
+                    run_tile(w, a, m, mr, n, nr, y, ldy, accumulate);
                     m += mr;
                 }
                 n += nr;
             }
         }
     }
+}
+
+static int known_kind(int kind)
+{
+    return kind == AGL_Q4 || kind == AGL_Q5 || kind == AGL_Q8 || kind == AGL_Q4_K
+           || kind == AGL_Q5_K || kind == AGL_Q6_K;
+}
+
+int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accumulate,
+            int nthreads)
+{
+    const int64_t K = w->k, nb = K / QK, kg = (w->kb + 3) / 4;
+    int64_t ldy = 0, work = 0;           /* y's row stride: the chain's output columns */
+    for (const agl_qweight *p = w; p; p = p->next) {
+        if (!known_kind(p->kind))
+            return -2;
+        ldy += p->n;
+    }
+    work = M * ldy * K;
+    uint8_t *q = malloc((size_t)(M * kg * GB));
+    float *xd = malloc(sizeof(float) * (size_t)(M * kg) * 20);   /* 16 spread steps + 4 sums */
+    if (!q || !xd) { free(q); free(xd); return -1; }
+    float *xs = xd + M * kg * 16;
+    const qact act = {q, xd, xs};
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1 && work > 65536)
+    for (int64_t m = 0; m < M; m++)
+        quantize_row(x + m * K, nb, kg, q + m * kg * GB, xd + m * kg * 16, xs + m * kg * 4);
+    for (int64_t col = 0; w; col += w->n, w = w->next)        /* each part its columns */
+        weight_matmul(w, &act, M, kg, y + col, ldy, accumulate, nthreads);
     free(q);
     free(xd);
     return 0;
