@@ -116,12 +116,12 @@ def q4_k_m(shape: str, work: Path) -> Path:
     return out
 
 
-def start_agentlang(gguf: Path, kv_mb: float):
+def start_agentlang(gguf: Path, kv_mb: float, dtype: str = "float32"):
     port = free_port()
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--model", str(gguf), "--port",
-           str(port), "--dtype", "float32", "--weights", "auto", "--kv-budget-mb", str(kv_mb),
+           str(port), "--dtype", dtype, "--weights", "auto", "--kv-budget-mb", str(kv_mb),
            "--log-level", "warning"]
-    return launch("agentlang (float32, weights auto)", cmd, port, "default", cwd=ROOT)
+    return launch(f"agentlang {dtype} (weights auto)", cmd, port, "default", cwd=ROOT)
 
 
 def weights_report(gguf: Path) -> dict:
@@ -152,6 +152,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--memory-only", action="store_true", help="load memory and types, no speed")
+    ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                    help="agentlang's compute dtypes, each its own server (bfloat16: calls of "
+                         "32+ rows as bf16 GEMMs where the CPU has bf16 instructions)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if not (LLAMA_SERVER.exists() and QUANTIZE.exists()):
@@ -172,24 +175,29 @@ def main() -> None:
             res[shape] = row
             if args.memory_only:
                 continue
-            for start in (lambda: start_agentlang(gguf, 256), lambda: start_llama(gguf, args)):
+            starts = [lambda d=d: start_agentlang(gguf, 256, d) for d in args.dtype]
+            for start in (*starts, lambda: start_llama(gguf, args)):
                 server = start()
                 try:
                     r = single(server, tok, args.new_tokens, args.prefill_tokens, args.rounds)
                 finally:
                     server.proc.terminate()
                     server.proc.wait(60)
-                row[server.name.split(" ")[0]] = r
+                row[" ".join(server.name.split(" ")[:2]) if server.name.startswith("agentlang")
+                    else server.name.split(" ")[0]] = r
                 print(f"  {server.name}: decode {r['decode_tok_s']:.1f} tok/s, "
                       f"prefill-{args.prefill_tokens} {r['prefill_tok_s']:.1f} tok/s", flush=True)
-            a, b = row["agentlang"], row["llama-server"]
-            row["agentlang_vs_llama"] = {"decode": a["decode_tok_s"] / b["decode_tok_s"],
-                                         "prefill": a["prefill_tok_s"] / b["prefill_tok_s"]}
-            print(f"  agentlang / llama-server: decode {row['agentlang_vs_llama']['decode']:.2f}x, "
-                  f"prefill {row['agentlang_vs_llama']['prefill']:.2f}x", flush=True)
+            b = row["llama-server"]
+            for d in args.dtype:
+                a = row[f"agentlang {d}"]
+                ratio = {"decode": a["decode_tok_s"] / b["decode_tok_s"],
+                         "prefill": a["prefill_tok_s"] / b["prefill_tok_s"]}
+                row[f"agentlang_{d}_vs_llama"] = ratio
+                print(f"  agentlang {d} / llama-server: decode {ratio['decode']:.2f}x, "
+                      f"prefill {ratio['prefill']:.2f}x", flush=True)
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()} ({platform.processor() or 'cpu'})",
               "command": "python bench/cpu_kquants.py " + " ".join(sys.argv[1:]),
-              "settings": {"agentlang": "float32, weights auto (K-quants native), KV 256 MB",
+              "settings": {"agentlang": f"{' and '.join(args.dtype)}, weights auto (K-quants native), KV 256 MB",
                            "llama-server": "-np 1 -t 2 -tb 2 -c 4096 -b 2048 -ub 512"},
               "new_tokens": args.new_tokens, "prefill_tokens": args.prefill_tokens,
               "rounds": args.rounds, "results": res}

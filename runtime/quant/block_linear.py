@@ -144,13 +144,13 @@ class BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bf16_gemm_rows is not None and x.shape[0] >= self.bf16_gemm_rows:
-            y = self._bf16_gemm(x.to(torch.bfloat16))
+            y = self.bf16_gemm(x.to(torch.bfloat16))
             return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
         xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         y = self.lib.matmul(self.qweight, xf)                                    # [T, N]
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
-    def _bf16_gemm(self, x: torch.Tensor) -> torch.Tensor:
+    def bf16_gemm(self, x: torch.Tensor) -> torch.Tensor:
         """x bf16 ``[M, K]`` → bf16 ``[M, N]``, over the weight dequantized for this call in
         slices of at most GEMM_SLICE_BYTES (small enough to come from the heap, not from fresh
         pages: a 57 MB lm_head in one piece cost 15 ms of page faults a call, 1 ms in slices)."""

@@ -9,8 +9,9 @@ layers in Q6_K beside Q4_K ``attn_q`` / ``attn_k`` — as a chain of native weig
 multiplies (the activations quantized once, each part filling its own output columns).
 Both inherit :class:`~agentlang.runtime.quant.block_linear.BlockLinear`'s contract: float32
 native arithmetic, each output row a function of its input row alone (alone, batched, any
-chunk, any thread count), so the one-call decode layer takes them as it takes Q4_0 / Q8_0.
-There is no bf16-GEMM path for them (the kernel runs every call).
+chunk, any thread count), so the one-call decode layer takes them as it takes Q4_0 / Q8_0;
+and its bf16-GEMM path (``bf16_gemm_rows``, a bfloat16 model's larger calls on a CPU with bf16
+instructions: the weight dequantized natively to bfloat16 for the call, in slices).
 """
 
 from __future__ import annotations
@@ -100,6 +101,10 @@ class ChainLinear(BlockLinear):
         return self._qweight[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bf16_gemm_rows is not None and x.shape[0] >= self.bf16_gemm_rows:
+            xb = x.to(torch.bfloat16)
+            y = torch.cat([p.bf16_gemm(xb) for p in self.parts], dim=1)
+            return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
         xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         y = self.lib.matmul(self.qweight, xf, self.out_features)
         return y if x.dtype == torch.float32 else y.to(x.dtype)

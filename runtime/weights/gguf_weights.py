@@ -156,14 +156,11 @@ class LinearBuilder:
         if self.quantize and native_k and qtypes <= set(KEPT_QUANTIZED) | set(K_TYPES) \
                 and (qtypes & set(K_TYPES) or len(qtypes) > 1) \
                 and all(k % ROW_MULTIPLE.get(t, 32) == 0 for t in qtypes):
-            return self._native_parts(names, raws, biases if bias is not None else None)
+            return self._gemm_rows(self._native_parts(names, raws, biases if bias is not None else None))
         if self.quantize and qtype in KEPT_QUANTIZED:
             if self.native is not None:
                 self.report[qtype] = "native blocks"
-                lin = block_linear(self.native, [(r, qtype) for r in raws], bias)
-                if self.dtype == torch.bfloat16 and bf16_matmuls_in_hardware():
-                    lin.bf16_gemm_rows = BF16_GEMM_ROWS       # larger calls as bf16 GEMMs
-                return lin
+                return self._gemm_rows(block_linear(self.native, [(r, qtype) for r in raws], bias))
             if qtype == "Q8_0":
                 self.report[qtype] = "int8 per row"
                 q, s = zip(*(_chunked(decode_int8_rows, r) for r in raws))
@@ -179,6 +176,13 @@ class LinearBuilder:
         lin.weight = nn.Parameter(w, requires_grad=False)
         if bias is not None:
             lin.bias = nn.Parameter(bias.to(self.dtype), requires_grad=False)
+        return lin
+
+    def _gemm_rows(self, lin: BlockLinear) -> BlockLinear:
+        """``lin``, its larger calls run as bf16 GEMMs in a bfloat16 model on a CPU with bf16
+        instructions (``block_linear.py``'s module doc)."""
+        if self.dtype == torch.bfloat16 and bf16_matmuls_in_hardware():
+            lin.bf16_gemm_rows = BF16_GEMM_ROWS
         return lin
 
     def _native_parts(self, names: list[str], raws: list[np.ndarray],

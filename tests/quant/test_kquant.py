@@ -98,6 +98,43 @@ def test_a_chain_of_mixed_kinds_is_its_parts_side_by_side(build):
 
 
 @pytest.mark.parametrize("qtype", KTYPES)
+def test_bf16_dequantization_is_the_gguf_value_rounded_to_nearest_even(build, qtype):
+    K = 576 if qtype in BLOCK else 512
+    raw = random_blocks(qtype, 21, K, seed=5, scale=(1e-3, 1.0))
+    lin = KBlockLinear(build, split_kblocks(raw, qtype))
+    w = build.dequantize_bf16(lin.qweight)
+    ref = torch.from_numpy(gguf_decoded(raw, qtype)).to(torch.bfloat16)
+    assert w.shape == (21, K) and torch.equal(w, ref)
+    assert torch.equal(build.dequantize_bf16(lin.qweight, range(3, 20)), ref[3:20])
+
+
+def test_bf16_gemm_rows_run_k_quants_and_chains_as_bf16_gemms(build):
+    """A bfloat16 model's larger calls (tests/quant/test_block_linear.py for Q4 / Q8): the
+    weight dequantized to bfloat16 for the call, each part of a chain with its own bias."""
+    K = 512
+    raws = [random_blocks("Q4_K", 40, K, 1), random_blocks("Q6_K", 24, K, 2)]
+    biases = [torch.randn(40), None]
+    parts = [KBlockLinear(build, split_kblocks(r, t), bias=b)
+             for r, t, b in zip(raws, ("Q4_K", "Q6_K"), biases)]
+    chain = ChainLinear(build, parts)
+    small, large = torch.randn(3, K).bfloat16(), torch.randn(37, K).bfloat16()
+    native_small = chain(small)
+    for lin in (parts[0], chain):
+        lin.bf16_gemm_rows = 4
+        assert lin.input_dtype == torch.bfloat16
+    assert torch.equal(chain(small), native_small)              # under 4 rows: the kernel
+    w = torch.cat([torch.from_numpy(gguf_decoded(r, t)) for r, t in zip(raws, ("Q4_K", "Q6_K"))])
+    bias = torch.cat([biases[0], torch.zeros(24)])
+    y = chain(large)
+    assert y.dtype == torch.bfloat16 and y.shape == (37, 64)
+    assert torch.equal(y[:, :40], torch.nn.functional.linear(large, w[:40].bfloat16(), biases[0].bfloat16()))
+    assert torch.equal(y[:, 40:], torch.nn.functional.linear(large, w[40:].bfloat16()))
+    assert torch.equal(parts[0](large), y[:, :40])
+    ref = large.double() @ w.double().T + bias.double()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("qtype", KTYPES)
 def test_file_kept_quantized_matches_hf_and_its_float32_decode(tmp_path, tokenizer_fields, lib, qtype):
     from tests.weights.test_gguf_loading import SEQS, hf_logits, prefill_logits
 
@@ -133,6 +170,24 @@ def test_top1_agrees_with_the_float32_decode_at_999_of_6400_positions(tmp_path, 
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
         total += a.shape[0]
     assert total == 6400 and agree / total >= 0.999, agree / total
+
+
+def test_a_bfloat16_k_quant_model_runs_prefill_sized_calls_as_bf16_gemms(tmp_path, tokenizer_fields, lib):
+    from agentlang.runtime.quant.block_linear import BF16_GEMM_ROWS
+    from agentlang.runtime.quant.native.cpu_features import bf16_matmuls_in_hardware
+    from tests.weights.test_gguf_loading import hf_logits, prefill_logits
+
+    path = write_gguf(tmp_path / "km.gguf", tokenizer_fields, "Q4_K", dims=K_DIMS, tied=False,
+                      types={"attn_v": "Q6_K"})
+    model = load_gguf_model(path, "auto", torch.bfloat16)
+    qkv, up = model.layers[0].self_attn.qkv_proj, model.layers[0].mlp.gate_up_proj
+    assert isinstance(qkv, ChainLinear) and isinstance(up, KBlockLinear)
+    want = BF16_GEMM_ROWS if bf16_matmuls_in_hardware() else None   # else oneDNN emulates bf16
+    assert qkv.bf16_gemm_rows == want and up.bf16_gemm_rows == want
+    assert load_gguf_model(path, "auto", torch.float32).layers[0].mlp.gate_up_proj.bf16_gemm_rows is None
+    seq = [(7 * i) % 200 + 1 for i in range(BF16_GEMM_ROWS + 20)]          # one GEMM-sized call
+    out, ref = prefill_logits(model, [seq])[0].float(), hf_logits(path, seq)
+    assert ((out - ref).norm() / ref.norm()).item() < 0.03
 
 
 def all_logits(model, seqs):

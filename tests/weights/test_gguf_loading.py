@@ -165,8 +165,8 @@ def test_embedded_file_in_bf16_batches_through_gemms_and_still_answers(monkeypat
     from agentlang.runtime import Engine, SamplingParams
 
     calls = []
-    gemm = BlockLinear._bf16_gemm
-    monkeypatch.setattr(BlockLinear, "_bf16_gemm", lambda self, x: calls.append(x.shape[0]) or gemm(self, x))
+    gemm = BlockLinear.bf16_gemm
+    monkeypatch.setattr(BlockLinear, "bf16_gemm", lambda self, x: calls.append(x.shape[0]) or gemm(self, x))
     eng = Engine(resolve_model("default", "auto").path, weights="auto", dtype="bfloat16",
                  kv_budget_mb=64)
     p = SamplingParams(max_tokens=8, temperature=0)

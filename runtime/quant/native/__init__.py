@@ -45,7 +45,7 @@ import torch
 from agentlang.runtime.quant.native.cpu_features import cpu_flags
 
 HERE = Path(__file__).parent
-SHARED = ("qmatmul.h", "vecmath.h", "decode_layer.c", "paged_attention.c",
+SHARED = ("qmatmul.h", "vecmath.h", "kdequant.h", "decode_layer.c", "paged_attention.c",
           "glue.c", "int8.c")     # in this folder, used by every build
 OWN = ("qmatmul.c", "dequant.c", "softmax.c")             # in each build's folder
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")

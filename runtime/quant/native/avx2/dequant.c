@@ -1,10 +1,11 @@
 /* avx512/dequant.c for the avx2/ build: rows of a quantized weight as bfloat16, each weight
  * computed exactly in float32 (Q4: q * d + mn, mn = m or -8 d; Q8: q * d) and rounded to the
- * nearest bfloat16, ties to even. */
+ * nearest bfloat16, ties to even; K-quants and Q5_0 / Q5_1: kdequant.h. */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 
+#include "kdequant.h"
 #include "qmatmul.h"
 #include "vecmath.h"
 
@@ -28,6 +29,10 @@ static inline void store16(__m128i v, int sign, float d, float mn, uint16_t *out
 /* Row r of w (its nb = k / 32 real blocks) into out[k]. */
 static void dequant_row(const agl_qweight *w, int64_t r, uint16_t *out)
 {
+    if (kd_is_block(w->kind)) {                 /* K-quants, Q5_0 / Q5_1: kdequant.h */
+        kd_row_bf16(w, r, out);
+        return;
+    }
     const int64_t kb = w->kb, nb = w->k / QK;
     const uint16_t *d = w->d + r * kb, *m = w->m ? w->m + r * kb : NULL;
     for (int64_t b = 0; b < nb; b++) {

@@ -5,11 +5,13 @@
  * Each weight is first computed exactly in float32 (Q4: q * d + mn, mn = m or -8 d; Q8: q * d;
  * d, m the block's float16 values), then rounded to the nearest bfloat16, ties to even (the
  * rounding torch's .to(torch.bfloat16) does; there are no NaNs: the values are finite).
+ * K-quants and Q5_0 / Q5_1: kdequant.h.
  */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 
+#include "kdequant.h"
 #include "qmatmul.h"
 #include "vecmath.h"
 
@@ -30,6 +32,10 @@ static inline float half_to_float(uint16_t h)
 /* Row r of w (its nb = k / 32 real blocks) into out[k]. */
 static void dequant_row(const agl_qweight *w, int64_t r, uint16_t *out)
 {
+    if (kd_is_block(w->kind)) {                 /* K-quants, Q5_0 / Q5_1: kdequant.h */
+        kd_row_bf16(w, r, out);
+        return;
+    }
     const int64_t kb = w->kb, nb = w->k / QK;
     const uint16_t *d = w->d + r * kb, *m = w->m ? w->m + r * kb : NULL;
     for (int64_t b = 0; b < nb; b++) {
