@@ -293,6 +293,15 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def compile_library(isa: Isa, out: Path, defines: tuple[str, ...] = ()) -> None:
+    """Compile ``isa``'s build into ``out`` (uncached), with extra ``-D`` ``defines`` for a
+    variant (``bench/native_variants.py``); raises ``CalledProcessError`` with the compiler's
+    output."""
+    subprocess.run([_compiler(), *COMMON_CFLAGS, *isa.cflags, *defines, f"-I{HERE}", "-o",
+                    str(out), *(str(p) for p in isa.sources() if p.suffix == ".c"), "-lm"],
+                   check=True, capture_output=True, text=True)
+
+
 def _build(isa: Isa) -> Path:
     cc = _compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
@@ -307,9 +316,7 @@ def _build(isa: Isa) -> Path:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
         try:
-            subprocess.run([cc, *cflags, f"-I{HERE}", "-o", tmp,
-                            *(str(p) for p in sources if p.suffix == ".c"),
-                            "-lm"], check=True, capture_output=True, text=True)
+            compile_library(isa, Path(tmp))
             os.replace(tmp, out)          # atomic: concurrent builders leave one whole file
         finally:
             if os.path.exists(tmp):
