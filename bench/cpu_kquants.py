@@ -175,16 +175,15 @@ def main() -> None:
             res[shape] = row
             if args.memory_only:
                 continue
-            starts = [lambda d=d: start_agentlang(gguf, 256, d) for d in args.dtype]
-            for start in (*starts, lambda: start_llama(gguf, args)):
+            starts = [(f"agentlang {d}", lambda d=d: start_agentlang(gguf, 256, d)) for d in args.dtype]
+            for key, start in (*starts, ("llama-server", lambda: start_llama(gguf, args))):
                 server = start()
                 try:
                     r = single(server, tok, args.new_tokens, args.prefill_tokens, args.rounds)
                 finally:
                     server.proc.terminate()
                     server.proc.wait(60)
-                row[" ".join(server.name.split(" ")[:2]) if server.name.startswith("agentlang")
-                    else server.name.split(" ")[0]] = r
+                row[key] = r
                 print(f"  {server.name}: decode {r['decode_tok_s']:.1f} tok/s, "
                       f"prefill-{args.prefill_tokens} {r['prefill_tok_s']:.1f} tok/s", flush=True)
             b = row["llama-server"]
@@ -197,7 +196,8 @@ def main() -> None:
                       f"prefill {ratio['prefill']:.2f}x", flush=True)
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()} ({platform.processor() or 'cpu'})",
               "command": "python bench/cpu_kquants.py " + " ".join(sys.argv[1:]),
-              "settings": {"agentlang": f"{' and '.join(args.dtype)}, weights auto (K-quants native), KV 256 MB",
+              "settings": {"agentlang": f"{' and '.join(args.dtype)}, weights auto "
+                                        "(K-quants native), KV 256 MB",
                            "llama-server": "-np 1 -t 2 -tb 2 -c 4096 -b 2048 -ub 512"},
               "new_tokens": args.new_tokens, "prefill_tokens": args.prefill_tokens,
               "rounds": args.rounds, "results": res}

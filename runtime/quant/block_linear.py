@@ -147,7 +147,7 @@ class BlockLinear(nn.Module):
             y = self.bf16_gemm(x.to(torch.bfloat16))
             return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
         xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
-        y = self.lib.matmul(self.qweight, xf)                                    # [T, N]
+        y = self.lib.matmul(self.qweight, xf, self.out_features)                 # [T, N]
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def bf16_gemm(self, x: torch.Tensor) -> torch.Tensor:

@@ -100,14 +100,9 @@ class ChainLinear(BlockLinear):
             self._qweight = (key, links[0], links)     # the copies live as long as the key
         return self._qweight[1]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bf16_gemm_rows is not None and x.shape[0] >= self.bf16_gemm_rows:
-            xb = x.to(torch.bfloat16)
-            y = torch.cat([p.bf16_gemm(xb) for p in self.parts], dim=1)
-            return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
-        xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
-        y = self.lib.matmul(self.qweight, xf, self.out_features)
-        return y if x.dtype == torch.float32 else y.to(x.dtype)
+    def bf16_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """Each part's bf16 GEMM, side by side (a part's weight is one kind to dequantize)."""
+        return torch.cat([p.bf16_gemm(x) for p in self.parts], dim=1)
 
     def rows(self, ids: torch.Tensor | slice) -> torch.Tensor:
         return torch.cat([p.rows(slice(None)) for p in self.parts])[ids]

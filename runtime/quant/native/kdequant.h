@@ -18,7 +18,7 @@
 
 static inline int kd_is_block(int kind)          /* the kinds this header decodes */
 {
-    return kind == AGL_Q5 || kind == AGL_Q4_K || kind == AGL_Q5_K || kind == AGL_Q6_K;
+    return kind == AGL_Q5 || agl_is_kquant(kind);
 }
 
 /* Block b of row r: its 32 quants (Q6_K: q - 32) and the steps of its halves and its min */

@@ -11,8 +11,29 @@
 #define AGL_Q5_K 15
 #define AGL_Q6_K 16
 
+/* What a weight kind is, for every build */
+static inline int agl_is_kquant(int kind)       /* super-blocks of 256 weights */
+{
+    return kind == AGL_Q4_K || kind == AGL_Q5_K || kind == AGL_Q6_K;
+}
+
+static inline int agl_has_min(int kind)         /* w = step q + min: Q4, Q5, Q4_K, Q5_K */
+{
+    return kind == AGL_Q4 || kind == AGL_Q5 || kind == AGL_Q4_K || kind == AGL_Q5_K;
+}
+
+static inline int agl_known_kind(int kind)
+{
+    return kind == AGL_Q8 || kind == AGL_Q6_K || agl_has_min(kind);
+}
+
+static inline int agl_quant_bytes(int kind)     /* bytes of quants a 32-weight block */
+{
+    return kind == AGL_Q8 || kind == AGL_Q6_K ? 32 : 16;
+}
+
 /* One quantized weight (layouts at the top of qmatmul.c, K-quants in kquant.h); bias float32
- * [n] or NULL. The K-quant kinds exist in the builds whose folder has a kquant.h. */
+ * [n] or NULL. Both builds take every kind and chains (avx2/kquant.h, avx512/kgroups.h). */
 typedef struct agl_qweight_s {
     int32_t kind;               /* AGL_Q4: Q4_0/Q4_1, AGL_Q8: Q8_0, AGL_Q4_K / Q5_K / Q6_K */
     int64_t n, k;               /* out and in features; k % 32 == 0 (K-quants: % 256) */
@@ -22,7 +43,7 @@ typedef struct agl_qweight_s {
     const float *bias;
     const uint8_t *sc, *mn, *hb;   /* K-quants only (kquant.h), else NULL */
     const struct agl_qweight_s *next;   /* more output rows, of another kind (same k and kb):
-                                         * y's columns continue with them; K-quant builds only */
+                                         * y's columns continue with them */
 } agl_qweight;
 
 /* y[M, n] (row stride n) = x[M, k] @ w.T + bias, or y += that with accumulate; with a chain

@@ -18,17 +18,6 @@
 
 #define QK 32
 
-static inline int is_kquant(int kind)
-{
-    return kind == AGL_Q4_K || kind == AGL_Q5_K || kind == AGL_Q6_K;
-}
-
-/* Whether the kind has a min term (w = step q + min): Q4_0/Q4_1, Q5_0/Q5_1, Q4_K, Q5_K */
-static inline int has_min(int kind)
-{
-    return kind == AGL_Q4 || kind == AGL_Q5 || kind == AGL_Q4_K || kind == AGL_Q5_K;
-}
-
 /* CALL(kind) with the weight kind k a compile-time constant (each case its own inlined copy),
  * and CALL(kind, rows) with mr (1..4) one too */
 #define WITH_KIND(k, CALL)                                                    \
@@ -72,7 +61,7 @@ static inline __attribute__((always_inline)) void
 unpack_block(const agl_qweight *w, int kind, int64_t r, int64_t b, __m256i *lo, __m256i *hi,
              float *step, float *step2, float *min)
 {
-    if (is_kquant(kind)) {
+    if (agl_is_kquant(kind)) {
         kq_weights16(w, kind, r, b, lo, hi, step, step2, min);
         return;
     }
@@ -82,7 +71,7 @@ unpack_block(const agl_qweight *w, int kind, int64_t r, int64_t b, __m256i *lo, 
         weights16(w, kind, r, b, lo, hi);
     const float d = _cvtsh_ss(w->d[r * w->kb + b]);
     *step = *step2 = d;
-    *min = !has_min(kind) ? 0.0f
+    *min = !agl_has_min(kind) ? 0.0f
            : w->m ? _cvtsh_ss(w->m[r * w->kb + b]) : (kind == AGL_Q4 ? -8.0f : -16.0f) * d;
 }
 
@@ -114,10 +103,10 @@ scales8(const agl_qweight *w, int kind, int64_t n, int nc, int64_t b, __m256 *st
         __m256 *step2, __m256 *min)
 {
     const int64_t kb = w->kb;
-    if (!is_kquant(kind)) {
+    if (!agl_is_kquant(kind)) {
         const __m256 d = _mm256_cvtph_ps(gather16(w->d + n * kb + b, kb, nc));
         *step = *step2 = d;
-        if (has_min(kind))
+        if (agl_has_min(kind))
             *min = w->m ? _mm256_cvtph_ps(gather16(w->m + n * kb + b, kb, nc))
                         : _mm256_mul_ps(_mm256_set1_ps(kind == AGL_Q4 ? -8.0f : -16.0f), d);
         else

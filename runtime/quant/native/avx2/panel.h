@@ -96,7 +96,7 @@ finish_half(int kind, float dx_, float sx, const panel *pn, int64_t e, int h, __
             v = _mm256_fmadd_ps(s, _mm256_mul_ps(d, dx), v);
         }
         _mm256_storeu_ps(acc + 8 * h, v);
-        if (has_min(kind))
+        if (agl_has_min(kind))
             _mm256_storeu_ps(t + 8 * h, _mm256_fmadd_ps(_mm256_loadu_ps(pn->min[e] + 8 * h),
                                                         _mm256_set1_ps(sx),
                                                         _mm256_loadu_ps(t + 8 * h)));
@@ -188,7 +188,7 @@ static int panel_matmul(const agl_qweight *w, const qact *a, int64_t M, float *y
                         run_panel_tile(w->kind, a, m, mr, b0, b1, pn, acc + m, t + m);
                     }
                 }
-                if (has_min(w->kind))
+                if (agl_has_min(w->kind))
                     for (int64_t m = 0; m < M; m++)
                         for (int c = 0; c < PN; c++)
                             acc[m][c] += t[m][c];

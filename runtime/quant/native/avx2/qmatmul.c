@@ -95,8 +95,7 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
     const int64_t K = w->k, nb = K / QK, kb = w->kb;
     int64_t ldy = 0;                     /* y's row stride: the chain's output columns */
     for (const agl_qweight *p = w; p; p = p->next) {
-        if (p->kind != AGL_Q4 && p->kind != AGL_Q5 && p->kind != AGL_Q8 && p->kind != AGL_Q4_K
-            && p->kind != AGL_Q5_K && p->kind != AGL_Q6_K)
+        if (!agl_known_kind(p->kind))
             return -2;
         ldy += p->n;
     }

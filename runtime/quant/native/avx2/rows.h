@@ -74,12 +74,12 @@ rows_tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int6
             if (halves == 2)
                 acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold8(q[i][1][0], q[i][1][1])),
                                          _mm256_mul_ps(step2, dx), acc[i]);
-            if (has_min(kind))
+            if (agl_has_min(kind))
                 t[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(act_s(a, m + i, b)), t[i]);
         }
     }
     for (int i = 0; i < mr; i++)
-        _mm256_storeu_ps(out[i], has_min(kind) ? _mm256_add_ps(acc[i], t[i]) : acc[i]);
+        _mm256_storeu_ps(out[i], agl_has_min(kind) ? _mm256_add_ps(acc[i], t[i]) : acc[i]);
 }
 
 /* rows_tile with mr (1..RR) and the kind as constants */

@@ -23,17 +23,6 @@
 
 #include "qmatmul.h"
 
-static inline int is_kquant(int kind)
-{
-    return kind == AGL_Q4_K || kind == AGL_Q5_K || kind == AGL_Q6_K;
-}
-
-/* Whether weights are unsigned with a min term (w = step q + min): every kind but Q8, Q6_K */
-static inline int has_min(int kind)
-{
-    return kind != AGL_Q8 && kind != AGL_Q6_K;
-}
-
 /* 4 int32 lanes (low 128 bits of v) spread as [v0 x4, v1 x4, v2 x4, v3 x4], in float32 */
 static inline __m512 spread4(__m512i v)
 {
@@ -117,7 +106,7 @@ block_mins(const agl_qweight *w, int kind, int64_t r, int64_t c)
 {
     const int64_t kb = w->kb;
     const __mmask16 k = kb - c >= 16 ? 0xFFFF : (__mmask16)((1u << (kb - c)) - 1);
-    if (!is_kquant(kind)) {
+    if (!agl_is_kquant(kind)) {
         const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, w->d + r * kb + c));
         return w->m ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, w->m + r * kb + c))
                     : _mm512_mul_ps(_mm512_set1_ps(kind == AGL_Q4 ? -8.0f : -16.0f), d);

@@ -224,7 +224,7 @@ typedef struct {
 static inline __attribute__((always_inline)) void
 prefetch_ahead(const agl_qweight *w, int kind, int64_t r, int64_t g)
 {
-    const int bytes = kind == AGL_Q8 || kind == AGL_Q6_K ? 128 : 64;   /* a group's quants */
+    const int bytes = 4 * agl_quant_bytes(kind);                      /* a group's quants */
     const char *p = (const char *)w->qs + (r + PF_ROWS) * w->kb * (bytes / 4) + g * bytes;
     _mm_prefetch(p, _MM_HINT_T1);      /* into L2: measured 1.1-1.3x faster than into L1 */
     if (bytes == 128)
@@ -315,10 +315,10 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
             }
         }
     __m512 t[MR][NR];                      /* the minimum term of each output */
-    if (has_min(kind))
+    if (agl_has_min(kind))
         min_terms(w, kind, a->xs, kg, m, mr, n, nr, t);
     if (mr == 1 && nr == 1) {
-        out[0][0] = has_min(kind) ? hsum(acc[0][0]) + hsum(t[0][0]) : hsum(acc[0][0]);
+        out[0][0] = agl_has_min(kind) ? hsum(acc[0][0]) + hsum(t[0][0]) : hsum(acc[0][0]);
         return;
     }
     __m512 v[16], u[16];                   /* output (i, j) at 4 j + i: lane 4 i + j of hsum16 */
@@ -327,11 +327,11 @@ tile(const agl_qweight *w, int kind, const qact *a, int64_t m, int mr, int64_t n
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) {
             v[4 * j + i] = acc[i][j];
-            if (has_min(kind))
+            if (agl_has_min(kind))
                 u[4 * j + i] = t[i][j];
         }
     __m512 s = hsum16(v);
-    if (has_min(kind))
+    if (agl_has_min(kind))
         s = _mm512_add_ps(s, hsum16(u));
     _mm512_storeu_ps(&out[0][0], s);
 }
@@ -383,12 +383,12 @@ static void weight_matmul(const agl_qweight *w, const qact *a, int64_t M, int64_
 {
     const int64_t N = w->n, tiles = (N + TILE_N - 1) / TILE_N;
     const int64_t fit = CHUNK_BYTES / (kg * GB) / MR * MR, chunk = fit > MR ? fit : MR;
-    const int64_t row_bytes = w->kb * (w->kind == AGL_Q8 || w->kind == AGL_Q6_K ? 32 : 16);
+    const int64_t row_bytes = w->kb * agl_quant_bytes(w->kind);
     const int64_t blk = BLOCK_BYTES / row_bytes / TILE_N * TILE_N, cols = blk > TILE_N ? blk : TILE_N;
     const int pf = M <= 2 * MR;          /* the weights used by one or two chunks of rows */
     /* 8-bit weights under MR rows: one weight row at a time (4 interleaved 128-byte streams
      * measured 1.8x slower at batch 1: the prefetcher loses them); 4-bit rows gain from 4 */
-    const int wide = M >= MR || has_min(w->kind);
+    const int wide = M >= MR || agl_quant_bytes(w->kind) == 16;
     #pragma omp parallel num_threads(nthreads)
     {   /* each thread a contiguous range of column tiles, cols columns (weights that stay in
          * L2) at a time, and over those chunk rows (activations that stay in L1) at a time */
@@ -414,23 +414,17 @@ static void weight_matmul(const agl_qweight *w, const qact *a, int64_t M, int64_
     }
 }
 
-static int known_kind(int kind)
-{
-    return kind == AGL_Q4 || kind == AGL_Q5 || kind == AGL_Q8 || kind == AGL_Q4_K
-           || kind == AGL_Q5_K || kind == AGL_Q6_K;
-}
-
 int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accumulate,
             int nthreads)
 {
     const int64_t K = w->k, nb = K / QK, kg = (w->kb + 3) / 4;
-    int64_t ldy = 0, work = 0;           /* y's row stride: the chain's output columns */
+    int64_t ldy = 0;                     /* y's row stride: the chain's output columns */
     for (const agl_qweight *p = w; p; p = p->next) {
-        if (!known_kind(p->kind))
+        if (!agl_known_kind(p->kind))
             return -2;
         ldy += p->n;
     }
-    work = M * ldy * K;
+    const int64_t work = M * ldy * K;
     uint8_t *q = malloc((size_t)(M * kg * GB));
     float *xd = malloc(sizeof(float) * (size_t)(M * kg) * 20);   /* 16 spread steps + 4 sums */
     if (!q || !xd) { free(q); free(xd); return -1; }
