@@ -24,8 +24,19 @@ if [ "$WHICH" != vllm ] && { [ ! -x "$PEERS/llama.cpp/build/bin/llama-server" ] 
     tar -xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp"
     rm -rf "$PEERS/llama.cpp"
     mv "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp "$PEERS/llama.cpp"
+    # -march=native, except on a CPU with AMX: this llama.cpp's AMX kernels die there on their
+    # first tile instruction (SIGILL in tinygemm_kernel_amx: the tile permission and config are
+    # set up on the main thread only, ggml-org/llama.cpp#26954), so such a CPU gets the same
+    # AVX-512 build without AMX, the build its own users would have to make
+    if grep -q amx_int8 /proc/cpuinfo; then
+        ISA=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+             -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
+             -DGGML_AVX512_BF16=ON)
+    else
+        ISA=(-DGGML_NATIVE=ON)
+    fi
     cmake -S "$PEERS/llama.cpp" -B "$PEERS/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release \
-        -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_CURL=OFF "${ISA[@]}" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=ON >/dev/null
     cmake --build "$PEERS/llama.cpp/build" --target llama-server llama-quantize -j "$JOBS" 2>&1 | tail -2
     rm -rf "$tmp"

@@ -125,7 +125,8 @@ def agentlang_side(args, tok) -> dict:
     # the same prompts every round: the index of other requests' outputs would copy the
     # previous round's answers, so these figures are the own context's (shared_side: the index)
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
-           "--weights", "auto", "--log-level", "warning", "--speculative-shared-cap", "0"]
+           "--weights", "auto", "--log-level", "warning", "--speculative-shared-cap", "0",
+           *args.server_args]
     server = launch("agentlang", cmd, port, "default", cwd=ROOT)
     results: dict = {}
     try:
@@ -261,6 +262,9 @@ def main() -> None:
     ap.add_argument("--no-shared", action="store_true", help="skip shared_side")
     ap.add_argument("--shared-only", action="store_true",
                     help="only the shared index of other requests' outputs (shared_side)")
+    ap.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
+                    help="the rest of the line goes to agentlang serve (the policy's settings: "
+                         "--speculative-max-draft N --speculative-row-cost C)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.quick:
@@ -274,7 +278,8 @@ def main() -> None:
     results = {"machine": platform.processor() or platform.machine(),
                "cpus": __import__("os").cpu_count(),
                "settings": {"rounds": args.rounds, "new_tokens": args.new_tokens,
-                            "model": "SmolLM2-135M-Instruct Q4_1 (weights auto, float32)"},
+                            "model": "SmolLM2-135M-Instruct Q4_1 (weights auto, float32)",
+                            "server_args": args.server_args},
                "row_cost": row_costs()}
     print(results["row_cost"], flush=True)
     if not args.no_shared:

@@ -6,6 +6,9 @@ is the file's, plus a zero block that pads a row of an odd number of blocks (the
 4 blocks at a time, the last 2 if the count is not a multiple of 4). The file's bytes are
 split into these tensors by :func:`agentlang.runtime.weights.gguf_weights.block_linear`; Q8_0's quant bytes are
 then permuted into the kernel's order (:func:`kernel_order`, ``runtime/quant/native/qmatmul.c``).
+With the AMX build of the library (``lib.isa.panels``) the same bytes and scales are stored in
+panels of 16 rows instead (:func:`panel_order`, ``runtime/quant/native/avx512/panel.h``): a
+permutation, the same memory but for the last panel's padding rows.
 ``forward`` calls :mod:`agentlang.runtime.quant.native` (activations quantized to 16 bits with a step per
 32-value block; exact integer dot products per block, float32 accumulation); each output row
 depends only on its own input row, so a token's logits are the same alone, batched, in a
@@ -51,6 +54,33 @@ def kernel_order(qs: torch.Tensor, kind: int, inverse: bool = False) -> torch.Te
     return torch.cat([permute(qs[:, :full], 4), permute(qs[:, full:], 2)], dim=1).contiguous()
 
 
+PANEL = 16      # weight rows a panel (the AMX build's layout, runtime/quant/native/avx512/panel.h)
+
+
+def panel_order(t: torch.Tensor, words: int) -> torch.Tensor:
+    """The AMX build's panels from a row-major ``[N, kb * words * 4]`` byte tensor (the
+    file's quant bytes, ``words`` of 4 bytes a block) or ``[N, kb]`` float16 scales
+    (``words`` 0): rows padded with zeros to whole panels of :data:`PANEL`; block b of panel p
+    holds word kk of its row c at ``[p, b, kk, c]`` (scales: ``[p, b, c]``)."""
+    n = t.shape[0]
+    pad = -n % PANEL
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, t.shape[1])])
+    P = t.shape[0] // PANEL
+    if words == 0:
+        return t.view(P, PANEL, -1).transpose(1, 2).contiguous()                  # [P, kb, 16]
+    return t.view(P, PANEL, -1, words, 4).permute(0, 2, 3, 1, 4).contiguous()   # [P, kb, w, 16, 4]
+
+
+def panel_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (int64 ids) of a :func:`panel_order` tensor, back in the row-major layout
+    (``[T, kb * words * 4]`` bytes or ``[T, kb]`` scales)."""
+    p, c = rows // PANEL, rows % PANEL
+    if t.dim() == 3:
+        return t[p, :, c]
+    return t[p, :, :, c, :].reshape(len(rows), -1)
+
+
 class BlockLinear(nn.Module):
     """``y = x @ W.T (+ b)``, ``W`` as GGUF blocks (module doc). ``forward`` takes ``x [T, K]``
     of any float dtype and returns ``[T, N]`` in that dtype (float32 is the native one)."""
@@ -76,10 +106,20 @@ class BlockLinear(nn.Module):
                 return None if t is None else t.contiguous()
             return torch.cat([t, t.new_zeros(t.shape[0], pad * per_block)], dim=1).contiguous()
 
-        # Q4: uint8 [N, kb*16]; Q8: int8 [N, kb*32]; in kernel order
-        self.register_buffer("qs", kernel_order(padded(qs, bytes_per_block), kind))
-        self.register_buffer("d", padded(d, 1))        # float16 [N, kb], kb = nb rounded up to even
-        self.register_buffer("m", padded(m, 1))        # Q4_1: float16 [N, kb]
+        # Q4: uint8 [N, kb*16]; Q8: int8 [N, kb*32]; in kernel order; scales float16 [N, kb],
+        # kb = nb rounded up to even; m: Q4_1's. The AMX build (lib.isa.panels): the file's
+        # bytes and the scales in panels (panel_order), [P, kb, words, 16, 4] and [P, kb, 16].
+        self.panels = lib.isa.panels
+        qs, d, m = padded(qs, bytes_per_block), padded(d, 1), padded(m, 1)
+        if self.panels:
+            words = bytes_per_block // 4
+            qs, d = panel_order(qs, words), panel_order(d, 0)
+            m = None if m is None else panel_order(m, 0)
+        else:
+            qs = kernel_order(qs, kind)
+        self.register_buffer("qs", qs)
+        self.register_buffer("d", d)
+        self.register_buffer("m", m)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())  # [N]
         self._qweight: tuple[tuple[int, ...], QWeight] | None = None
 
@@ -98,7 +138,8 @@ class BlockLinear(nn.Module):
                 raise TypeError("BlockLinear scales must stay float16 (the file's); "
                                 f"got d {self.d.dtype}")
             self._qweight = (key, QWeight.of(self.kind, self.in_features, self.qs, self.d, self.m,
-                                             self.bias))
+                                             self.bias, n=self.out_features,
+                                             kb=self.d.shape[1]))
         return self._qweight[1]
 
     @classmethod
@@ -119,10 +160,20 @@ class BlockLinear(nn.Module):
         k = qs.shape[1] * (2 if kind == KIND_Q4 else 1)
         return cls(lib, kind, k, qs.shape[0], qs, d, m, bias)
 
+    def _row_ids(self, rows: torch.Tensor | slice) -> torch.Tensor:
+        return torch.arange(self.out_features)[rows]
+
+    def _scales(self, t: torch.Tensor, rows: torch.Tensor | slice) -> torch.Tensor:
+        """Scales ``t`` (``d`` or ``m``) of ``rows``: float16 ``[r, kb]``."""
+        return panel_rows(t, self._row_ids(rows)) if self.panels else t[rows]
+
     def _q(self, rows: torch.Tensor | slice) -> torch.Tensor:
         """Quant values of ``rows`` as float32 ``[r, K/32, 32]`` (Q4: 0..15, Q8: signed)."""
         nb = self.in_features // QK
-        qs = kernel_order(self.qs[rows], self.kind, inverse=True)
+        if self.panels:
+            qs = panel_rows(self.qs, self._row_ids(rows))
+        else:
+            qs = kernel_order(self.qs[rows], self.kind, inverse=True)
         if self.kind == KIND_Q8:
             return qs.float().view(qs.shape[0], -1, QK)[:, :nb]
         b = qs.view(qs.shape[0], -1, QK // 2)[:, :nb]
@@ -131,11 +182,12 @@ class BlockLinear(nn.Module):
     def rows(self, ids: torch.Tensor | slice) -> torch.Tensor:
         """Rows ``ids`` of the weight, dequantized exactly to float32 ``[T, K]``."""
         nb = self.in_features // QK
-        q, d = self._q(ids), self.d[ids][:, :nb].float()[..., None]
+        q, d = self._q(ids), self._scales(self.d, ids)[:, :nb].float()[..., None]
         if self.kind == KIND_Q8:
             w = q * d
         else:
-            w = q * d + (self.m[ids][:, :nb].float()[..., None] if self.m is not None else -8 * d)
+            m = None if self.m is None else self._scales(self.m, ids)[:, :nb].float()[..., None]
+            w = q * d + (m if m is not None else -8 * d)
         return w.reshape(w.shape[0], self.in_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

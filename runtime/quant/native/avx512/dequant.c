@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kdequant.h"
 #include "qmatmul.h"
@@ -29,6 +30,44 @@ static inline float half_to_float(uint16_t h)
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 
+#ifdef AGL_AMX
+/* The AMX build's Q4 / Q8 (panel.h's layout): row r's words gathered into the file's block
+ * order (Q4: 16 bytes, Q8: 32), its step and min. */
+static void panel_block_bytes(const agl_qweight *w, int64_t r, int64_t b, uint8_t *bytes,
+                              float *d, float *mn)
+{
+    const int64_t p = r / 16, c = r % 16, at = (p * w->kb + b) * 16 + c;
+    const int words = w->kind == 4 ? 4 : 8;
+    const uint8_t *s = (const uint8_t *)w->qs + (p * w->kb + b) * 64 * words + 4 * c;
+    for (int kk = 0; kk < words; kk++)
+        memcpy(bytes + 4 * kk, s + 64 * kk, 4);
+    *d = half_to_float(w->d[at]);
+    *mn = w->m ? half_to_float(w->m[at]) : -8.0f * *d;
+}
+
+/* Row r of a Q4 / Q8 weight in panels into out[k] */
+static void dequant_panel_row(const agl_qweight *w, int64_t r, uint16_t *out)
+{
+    for (int64_t b = 0; b < w->k / QK; b++) {
+        uint8_t bytes[32];
+        float db, mn;
+        panel_block_bytes(w, r, b, bytes, &db, &mn);
+        __m128i v = _mm_loadu_si128((const __m128i *)bytes);
+        if (w->kind == 4) {
+            store_block_half(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))), db, mn,
+                             out + b * QK);
+            store_block_half(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4),
+                                                                 _mm_set1_epi8(0x0F))),
+                             db, mn, out + b * QK + 16);
+        } else {
+            store_block_half(_mm512_cvtepi8_epi32(v), db, 0.0f, out + b * QK);
+            store_block_half(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(bytes + 16))),
+                             db, 0.0f, out + b * QK + 16);
+        }
+    }
+}
+#endif
+
 /* Row r of w (its nb = k / 32 real blocks) into out[k]. */
 static void dequant_row(const agl_qweight *w, int64_t r, uint16_t *out)
 {
@@ -36,6 +75,10 @@ static void dequant_row(const agl_qweight *w, int64_t r, uint16_t *out)
         kd_row_bf16(w, r, out);
         return;
     }
+#ifdef AGL_AMX
+    dequant_panel_row(w, r, out);       /* Q4 and Q8 are in panels in the AMX build */
+    return;
+#endif
     const int64_t kb = w->kb, nb = w->k / QK;
     const uint16_t *d = w->d + r * kb, *m = w->m ? w->m + r * kb : NULL;
     for (int64_t b = 0; b < nb; b++) {

@@ -24,6 +24,7 @@
  * computes each output with exactly the row kernel's operations) or on the threads (OpenMP,
  * the runtime torch uses too, splits the output columns). A group's integer sum stays below
  * 2^24 for Q4 (exact in float32); for Q8 it may reach 2^25 (one rounding, relative 2^-24).
+ * The AMX build (-DAGL_AMX) keeps Q4 and Q8 in panels and multiplies them by panel.h.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -33,6 +34,9 @@
 
 #include "qmatmul.h"
 #include "kgroups.h"
+#ifdef AGL_AMX
+#include "panel.h"      /* the AMX build: Q4 and Q8 weights in panels (its own layout) */
+#endif
 
 #define QK 32
 #define GB 448      /* activation bytes a group: planes hA hB lA lB (64 each), the signed
@@ -414,16 +418,73 @@ static void weight_matmul(const agl_qweight *w, const qact *a, int64_t M, int64_
     }
 }
 
+/* 1 where w's layout is panel.h's (the AMX build's Q4 and Q8), else 0 */
+static inline int in_panels(const agl_qweight *w)
+{
+#ifdef AGL_AMX
+    return w->kind == AGL_Q4 || w->kind == AGL_Q8;
+#else
+    (void)w;
+    return 0;
+#endif
+}
+
+#ifdef AGL_AMX
+/* 1 where this process may run AMX tiles (the build is usable), else 0 */
+int agl_amx_ready(void)
+{
+    return panel_amx_ok;
+}
+
+/* The panel parts of the chain w: their activations quantized (panel.h), then each its columns
+ * of y. 0, -1 without memory. */
+static int panel_parts(const agl_qweight *w, const float *x, int64_t M, float *y, int64_t ldy,
+                       int accumulate, int nthreads)
+{
+    const int64_t K = w->k, nb = K / QK, kb = w->kb;
+    const int64_t rows = M < PROWS ? M : (M + PROWS - 1) / PROWS * PROWS;   /* the tiles' */
+    uint8_t *q = malloc((size_t)(rows * kb * PBLK));
+    float *dx = malloc(sizeof(float) * (size_t)(M * kb) * 3);     /* dx, xs, hc */
+    if (!q || !dx) { free(q); free(dx); return -1; }
+    float *xs = dx + M * kb;
+    int32_t *hc = (int32_t *)(xs + M * kb);
+    const int64_t work = M * K;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1 && work > 65536)
+    for (int64_t m = 0; m < M; m++)
+        quantize_panel_row(x + m * K, nb, kb, q + m * kb * PBLK, dx + m * kb, xs + m * kb,
+                           hc + m * kb);
+    const pact act = {q, dx, xs, hc, kb};
+    int rc = 0;
+    for (int64_t col = 0; w && !rc; col += w->n, w = w->next)
+        if (in_panels(w))
+            rc = panel_matmul(w, &act, M, y + col, ldy, accumulate, nthreads);
+    free(q);
+    free(dx);
+    return rc;
+}
+#endif
+
 int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accumulate,
             int nthreads)
 {
     const int64_t K = w->k, nb = K / QK, kg = (w->kb + 3) / 4;
     int64_t ldy = 0;                     /* y's row stride: the chain's output columns */
+    int rows_layout = 0, panels = 0;     /* some part in qmatmul.c's layout, in panel.h's */
     for (const agl_qweight *p = w; p; p = p->next) {
         if (!agl_known_kind(p->kind))
             return -2;
         ldy += p->n;
+        rows_layout |= !in_panels(p);
+        panels |= in_panels(p);
     }
+#ifdef AGL_AMX
+    if (panels && panel_parts(w, x, M, y, ldy, accumulate, nthreads))
+        return -1;
+#else
+    (void)panels;
+#endif
+    if (!rows_layout)
+        return 0;
     const int64_t work = M * ldy * K;
     uint8_t *q = malloc((size_t)(M * kg * GB));
     float *xd = malloc(sizeof(float) * (size_t)(M * kg) * 20);   /* 16 spread steps + 4 sums */
@@ -434,7 +495,8 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
     for (int64_t m = 0; m < M; m++)
         quantize_row(x + m * K, nb, kg, q + m * kg * GB, xd + m * kg * 16, xs + m * kg * 4);
     for (int64_t col = 0; w; col += w->n, w = w->next)        /* each part its columns */
-        weight_matmul(w, &act, M, kg, y + col, ldy, accumulate, nthreads);
+        if (!in_panels(w))
+            weight_matmul(w, &act, M, kg, y + col, ldy, accumulate, nthreads);
     free(q);
     free(xd);
     return 0;

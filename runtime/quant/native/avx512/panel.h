@@ -1,0 +1,365 @@
+/* The AMX build's Q4 / Q8 matmul (qmatmul.c includes it with -DAGL_AMX): weights in panels of
+ * 16 output rows, multiplied by AMX tiles (TDPBSSD / TDPBUSD) when a call has AMX_ROWS rows or
+ * more and by AVX-512 VNNI with one weight row a lane below that (or where Linux refuses the
+ * tiles); both give every output bit for bit the same value, so a row's output never depends
+ * on how many rows its call has.
+ *
+ * Panel layout (runtime/quant/block_linear.py: panel_order). A weight of n rows and kb blocks
+ * a row is cut into P = ceil(n / 16) panels of 16 rows (the last padded with zero rows); panel
+ * p's block b holds words kk of 4 bytes (Q4: 4 words, Q8: 8) of its 16 rows, row c's word kk
+ * at byte 64 kk + 4 c:
+ *   Q4: qs uint8 [P, kb, 4, 16, 4], the file's bytes moved word by word: the low nibbles of
+ *       word kk are weights 4 kk .. 4 kk + 3 of the block, the high ones 16 + 4 kk ..
+ *   Q8: qs int8 [P, kb, 8, 16, 4], word kk = weights 4 kk .. 4 kk + 3
+ *   d (and Q4_1's m): float16 [P, kb, 16], row c's step (min) of block b at c
+ * Unpacked to int8 (Q4: low nibbles as words 0..3, high ones as 4..7), a block is an AMX B tile
+ * of 8 rows of 64 bytes: C[i][c] += sum over K of x[i][k] w[c][k] is the block's sum of row c.
+ *
+ * Activations (quantize_panel_row): each row quantized as qmatmul.c's are, 16 bits a weight,
+ * a step a block (d = max|x| / 32767, q = round(x / d)), q = 256 h + l, kept a block at a time
+ * as h int8 [32] then l uint8 [32] (an AMX A tile's row: rows of a call at a stride of kb * 64
+ * bytes), with the block's step dx, xs = dx * sum(q) (the min term) and, for Q8's VNNI path,
+ * -128 * sum(h).
+ *
+ * Arithmetic, the same in both paths: block b's integer sum s = 256 (w . h) + w . l is exact
+ * (int32); then, in block order, acc = fma(float(s), dw * dx, acc) and, Q4 only, accm =
+ * fma(mn, xs, accm) (mn = m, or -8 dw for Q4_0); the output is acc + accm (+ bias). The lanes
+ * of acc are the panel's 16 rows: each output's float operations are its own, whatever the
+ * number of rows, the path or the threads (OpenMP splits the panels).
+ */
+#ifndef AGL_PANEL_H
+#define AGL_PANEL_H
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "qmatmul.h"
+
+#define PN 16            /* weight rows a panel: the lanes of an accumulator */
+#define PBLK 64          /* activation bytes a block: h[32], l[32] */
+#define PROWS 16         /* activation rows an AMX tile */
+#define AMX_ROWS 4       /* calls of at least this many rows run on AMX tiles */
+#define VNNI_ROWS 3      /* activation rows a VNNI pass (the weights unpacked once for them) */
+
+/* The quantized activations of a call (quantize_panel_row): row r's block b at
+ * q + (r * kb + b) * PBLK; dx, xs float [rows, kb]; hc int32 [rows, kb] (-128 sum(h)). */
+typedef struct {
+    const uint8_t *q;
+    const float *dx, *xs;
+    const int32_t *hc;
+    int64_t kb;
+} pact;
+
+/* 1 where this process may use AMX tiles (asks Linux for the tile data permission: process-
+ * wide, idempotent), else 0 */
+static inline int panel_amx_permitted(void)
+{
+#ifdef SYS_arch_prctl
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
+
+/* Whether the tiles may run, asked once when the library is loaded (set only there): without
+ * the permission a tile instruction kills the process, so calls then take the VNNI path,
+ * which gives the same outputs. */
+static int panel_amx_ok;
+
+__attribute__((constructor)) static void panel_ask_amx(void)
+{
+    panel_amx_ok = panel_amx_permitted();
+}
+
+/* Row x (nb blocks) into kb blocks of PBLK bytes at a, their steps at dx, min terms at xs and
+ * h corrections at hc; blocks nb..kb-1 zero. */
+static void quantize_panel_row(const float *x, int64_t nb, int64_t kb, uint8_t *a, float *dx,
+                               float *xs, int32_t *hc)
+{
+    for (int64_t b = 0; b < kb; b++) {
+        uint8_t *g = a + b * PBLK;
+        if (b >= nb) {
+            memset(g, 0, PBLK);
+            dx[b] = xs[b] = 0.0f;
+            hc[b] = 0;
+            continue;
+        }
+        __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        float d = amax / 32767.0f, id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+        __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+        __m512i h0 = _mm512_srai_epi32(q0, 8), h1 = _mm512_srai_epi32(q1, 8);
+        _mm_storeu_si128((__m128i *)g, _mm512_cvtepi32_epi8(h0));
+        _mm_storeu_si128((__m128i *)(g + 16), _mm512_cvtepi32_epi8(h1));
+        _mm_storeu_si128((__m128i *)(g + 32), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(g + 48), _mm512_cvtepi32_epi8(q1));
+        dx[b] = d;
+        xs[b] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        hc[b] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(h0, h1));
+    }
+}
+
+/* Block b of panel p as 8 words-rows of int8 (a B tile): Q4 unpacked from its nibbles, Q8 read
+ * as stored; wq: Q8's words + 128 (the VNNI path's unsigned operand), else unset. */
+static inline __attribute__((always_inline)) void
+panel_block(const agl_qweight *w, int64_t p, int64_t b, __m512i wv[8], __m512i wq[8])
+{
+    if (w->kind == AGL_Q4) {
+        const uint8_t *s = (const uint8_t *)w->qs + (p * w->kb + b) * 256;
+        const __m512i lo4 = _mm512_set1_epi8(0x0F);
+        for (int kk = 0; kk < 4; kk++) {
+            __m512i v = _mm512_loadu_si512(s + 64 * kk);
+            wv[kk] = _mm512_and_si512(v, lo4);
+            wv[kk + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+        }
+    } else {
+        const int8_t *s = (const int8_t *)w->qs + (p * w->kb + b) * 512;
+        const __m512i sign = _mm512_set1_epi8((char)0x80);
+        for (int kk = 0; kk < 8; kk++) {
+            wv[kk] = _mm512_loadu_si512(s + 64 * kk);
+            wq[kk] = _mm512_xor_si512(wv[kk], sign);
+        }
+    }
+}
+
+/* Block b's steps of panel p's rows (16 floats) and its min (Q4_1 m, Q4_0 -8 d; Q8 unused) */
+static inline __m512 panel_steps(const agl_qweight *w, int64_t p, int64_t b, __m512 *mn)
+{
+    const int64_t at = (p * w->kb + b) * PN;
+    __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + at)));
+    if (w->kind == AGL_Q4)
+        *mn = w->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + at)))
+                   : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+    return dw;
+}
+
+/* The exact block sum s of one activation row's block a (h then l) against the unpacked
+ * words, by VNNI: 16 lanes, one a weight row. */
+static inline __m512i panel_dot(int kind, const __m512i wv[8], const __m512i wq[8],
+                                const uint8_t *a, int32_t hc)
+{
+    const int32_t *h = (const int32_t *)a, *l = (const int32_t *)(a + 32);
+    __m512i sh;
+    if (kind == AGL_Q4) {              /* w unsigned 0..15, h signed */
+        sh = _mm512_setzero_si512();
+        for (int kk = 0; kk < 8; kk++)
+            sh = _mm512_dpbusd_epi32(sh, wv[kk], _mm512_set1_epi32(h[kk]));
+    } else {                           /* (w + 128) . h - 128 sum(h) */
+        sh = _mm512_set1_epi32(hc);
+        for (int kk = 0; kk < 8; kk++)
+            sh = _mm512_dpbusd_epi32(sh, wq[kk], _mm512_set1_epi32(h[kk]));
+    }
+    __m512i s = _mm512_slli_epi32(sh, 8);
+    for (int kk = 0; kk < 8; kk++)    /* l unsigned, w signed */
+        s = _mm512_dpbusd_epi32(s, _mm512_set1_epi32(l[kk]), wv[kk]);
+    return s;
+}
+
+/* y's columns 16 p .. (at most n) for rows m..m+mr-1: v + bias, or += with accumulate */
+static inline void panel_store(const agl_qweight *w, int64_t p, float *y, int64_t ldy,
+                               int64_t m, __m512 v, int accumulate)
+{
+    const int64_t c0 = p * PN, cols = w->n - c0 < PN ? w->n - c0 : PN;
+    const __mmask16 k = (__mmask16)((1u << cols) - 1);
+    if (w->bias)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, w->bias + c0));
+    float *o = y + m * ldy + c0;
+    if (accumulate)
+        v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, o), v);
+    _mm512_mask_storeu_ps(o, k, v);
+}
+
+/* One panel, activation rows m..m+mr-1 (mr <= VNNI_ROWS), by VNNI: each block unpacked once */
+static inline __attribute__((always_inline)) void
+panel_rows_vnni(const agl_qweight *w, const pact *a, int64_t p, int64_t m, int mr, float *y,
+                int64_t ldy, int accumulate)
+{
+    const int64_t kb = w->kb;
+    __m512 acc[VNNI_ROWS], accm[VNNI_ROWS];
+    for (int i = 0; i < mr; i++)
+        acc[i] = accm[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < kb; b++) {
+        __m512i wv[8], wq[8];
+        __m512 mn = _mm512_setzero_ps();
+        if (b + 2 < kb)                  /* the weights stream from memory: two blocks ahead */
+            _mm_prefetch((const char *)w->qs + (p * kb + b + 2) * agl_quant_bytes(w->kind) * 16,
+                         _MM_HINT_T0);
+        panel_block(w, p, b, wv, wq);
+        const __m512 dw = panel_steps(w, p, b, &mn);
+        for (int i = 0; i < mr; i++) {
+            const int64_t at = (m + i) * kb + b;
+            __m512i s = panel_dot(w->kind, wv, wq, a->q + at * PBLK, a->hc[at]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a->dx[at])), acc[i]);
+            if (w->kind == AGL_Q4)
+                accm[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->xs[at]), accm[i]);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        panel_store(w, p, y, ldy, m + i, _mm512_add_ps(acc[i], accm[i]), accumulate);
+}
+
+static void panel_vnni(const agl_qweight *w, const pact *a, int64_t p, int64_t M, float *y,
+                       int64_t ldy, int accumulate)
+{
+    for (int64_t m = 0; m < M; m += VNNI_ROWS) {
+        const int mr = M - m < VNNI_ROWS ? (int)(M - m) : VNNI_ROWS;
+        if (mr == 1)                     /* constants where inlined */
+            panel_rows_vnni(w, a, p, m, 1, y, ldy, accumulate);
+        else if (mr == 2)
+            panel_rows_vnni(w, a, p, m, 2, y, ldy, accumulate);
+        else
+            panel_rows_vnni(w, a, p, m, 3, y, ldy, accumulate);
+    }
+}
+
+/* The AMX tiles: 0, 1 and 5, 6 the h and l sums of even and odd blocks (rows x 16 int32),
+ * 2, 3 the h and l activations (rows x 32 bytes), 4 a block's weights (8 x 64 bytes) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tilecfg;
+
+static inline void panel_tiles(int rows)
+{
+    tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        c.rows[t] = (uint8_t)rows;
+        c.colsb[t] = 64;
+    }
+    c.colsb[2] = c.colsb[3] = 32;
+    c.rows[4] = 8;
+    _tile_loadconfig(&c);
+}
+
+/* Block b's sums of rows x (stride bytes apart) into tiles ch, cl */
+#define PANEL_ISSUE(ch, cl, x, stride, wt, b)                                        \
+    do {                                                                            \
+        _tile_zero(ch);                                                             \
+        _tile_zero(cl);                                                             \
+        _tile_loadd(2, (x) + (b) * PBLK, stride);                                   \
+        _tile_loadd(3, (x) + (b) * PBLK + 32, stride);                              \
+        _tile_loadd(4, (wt) + (b) * 512, 64);                                       \
+        _tile_dpbssd(ch, 2, 4);          /* h signed . w signed */                  \
+        _tile_dpbusd(cl, 3, 4);          /* l unsigned . w signed */                \
+    } while (0)
+
+/* acc[i] += block b's sums (sh, sl: the C tiles as stored) scaled, rows m0..m0+mr-1 */
+static inline __attribute__((always_inline)) void
+panel_scale(const agl_qweight *w, const pact *a, int64_t p, int64_t m0, int mr, int64_t b,
+            const int32_t *sh, const int32_t *sl, __m512 acc[PROWS])
+{
+    __m512 mn;
+    const __m512 dw = panel_steps(w, p, b, &mn);
+    for (int i = 0; i < mr; i++) {
+        __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_loadu_si512(sh + 16 * i), 8),
+                                     _mm512_loadu_si512(sl + 16 * i));
+        const float d = a->dx[(m0 + i) * w->kb + b];
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(d)), acc[i]);
+    }
+}
+
+/* One panel, activation rows m0..m0+mr-1 (mr <= PROWS; the tiles read rows up to m0 + rows,
+ * which the caller's buffer holds), by AMX: the next block's tile products run while this
+ * one's sums are scaled. wt: the panel's kb blocks as B tiles (kb * 512 bytes); c: scratch
+ * for two C tiles. */
+static void panel_rows_amx(const agl_qweight *w, const pact *a, int64_t p, int64_t m0, int mr,
+                           const int8_t *wt, int32_t *c, float *y, int64_t ldy, int accumulate)
+{
+    const int64_t kb = w->kb, stride = kb * PBLK;
+    const uint8_t *x = a->q + m0 * stride;
+    int32_t *sh = c, *sl = c + PROWS * 16;
+    __m512 acc[PROWS];
+    for (int i = 0; i < mr; i++)
+        acc[i] = _mm512_setzero_ps();
+    PANEL_ISSUE(0, 1, x, stride, wt, 0);
+    for (int64_t b = 0; b < kb; b += 2) {
+        if (b + 1 < kb)
+            PANEL_ISSUE(5, 6, x, stride, wt, b + 1);
+        _tile_stored(0, sh, 64);
+        _tile_stored(1, sl, 64);
+        panel_scale(w, a, p, m0, mr, b, sh, sl, acc);
+        if (b + 1 >= kb)
+            break;
+        if (b + 2 < kb)
+            PANEL_ISSUE(0, 1, x, stride, wt, b + 2);
+        _tile_stored(5, sh, 64);
+        _tile_stored(6, sl, 64);
+        panel_scale(w, a, p, m0, mr, b + 1, sh, sl, acc);
+    }
+    for (int i = 0; i < mr; i++) {
+        __m512 accm = _mm512_setzero_ps();
+        if (w->kind == AGL_Q4)
+            for (int64_t b = 0; b < kb; b++) {
+                __m512 mn;
+                panel_steps(w, p, b, &mn);
+                accm = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->xs[(m0 + i) * kb + b]), accm);
+            }
+        panel_store(w, p, y, ldy, m0 + i, _mm512_add_ps(acc[i], accm), accumulate);
+    }
+}
+
+/* The panel's kb blocks unpacked to B tiles at wt (Q4; Q8's stored blocks are B tiles) */
+static const int8_t *panel_unpack(const agl_qweight *w, int64_t p, int8_t *wt)
+{
+    if (w->kind != AGL_Q4)
+        return (const int8_t *)w->qs + p * w->kb * 512;
+    for (int64_t b = 0; b < w->kb; b++) {
+        __m512i wv[8], wq[8];
+        panel_block(w, p, b, wv, wq);
+        for (int kk = 0; kk < 8; kk++)
+            _mm512_storeu_si512(wt + b * 512 + 64 * kk, wv[kk]);
+    }
+    return wt;
+}
+
+/* y (row stride ldy) = the M activation rows of a times w (a Q4 or Q8 panel weight); a's
+ * buffer holds rows up to M rounded up to the tile rows (PROWS, or M itself below it).
+ * 0, or -1 without memory for a thread's unpacked panel. */
+static int panel_matmul(const agl_qweight *w, const pact *a, int64_t M, float *y, int64_t ldy,
+                        int accumulate, int nthreads)
+{
+    const int64_t P = (w->n + PN - 1) / PN;
+    const int amx = M >= AMX_ROWS && panel_amx_ok, rows = M < PROWS ? (int)M : PROWS;
+    int fail = 0;
+    #pragma omp parallel num_threads(nthreads) reduction(|:fail)
+    {
+        const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t p0 = P * tid / nth, p1 = P * (tid + 1) / nth;
+        int8_t *wt = NULL;
+        int32_t *c = NULL;
+        if (amx) {
+            wt = aligned_alloc(64, (size_t)(w->kb * 512));
+            c = aligned_alloc(64, 2 * PROWS * 64);
+            if (!wt || !c)
+                fail = 1;
+            else
+                panel_tiles(rows);
+        }
+        for (int64_t p = p0; p < p1 && !fail; p++) {
+            if (!amx) {
+                panel_vnni(w, a, p, M, y, ldy, accumulate);
+                continue;
+            }
+            const int8_t *t = panel_unpack(w, p, wt);
+            for (int64_t m = 0; m < M; m += rows) {
+                const int mr = M - m < rows ? (int)(M - m) : rows;
+                panel_rows_amx(w, a, p, m, mr, t, c, y, ldy, accumulate);
+            }
+        }
+        if (amx)
+            _tile_release();
+        free(wt);
+        free(c);
+    }
+    return fail ? -1 : 0;
+}
+
+#endif

@@ -1,0 +1,156 @@
+"""The loaded native library (``QMatmulLibrary``: ctypes signatures and torch-tensor wrappers
+of its entry points) and the structures its entry points take (``QWeight``: ``agl_qweight``,
+``PagedDecode``: ``agl_paged``; ``qmatmul.h``). Which build is loaded: ``__init__.py``."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from agentlang.runtime.quant.native.kinds import K_KINDS
+
+if TYPE_CHECKING:
+    from agentlang.runtime.quant.native import Isa
+
+
+class QWeight(ctypes.Structure):
+    """``agl_qweight``: one quantized weight's pointers (the tensors must outlive it)."""
+
+    _fields_ = [("kind", ctypes.c_int32), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("kb", ctypes.c_int64), ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("sc", ctypes.c_void_p), ("mn", ctypes.c_void_p),
+                ("hb", ctypes.c_void_p), ("next", ctypes.c_void_p)]
+
+    @classmethod
+    def of(cls, kind: int, k: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+           bias: torch.Tensor | None, sc: torch.Tensor | None = None,
+           mn: torch.Tensor | None = None, hb: torch.Tensor | None = None, *,
+           n: int | None = None, kb: int | None = None) -> "QWeight":
+        """k: in features; rows of ``kb`` blocks (even, zero-padded): qs Q4 uint8
+        ``[N, kb*16]`` / Q8 int8 ``[N, kb*32]``; d, m float16 ``[N, kb]`` (m: Q4_1 only);
+        bias float32 ``[N]``; all contiguous. K-quants (``kquant.h``): d, m a super-block,
+        sc, mn, hb their layouts. ``n``, ``kb`` where ``d`` is not ``[N, kb]`` (panels)."""
+        n = d.shape[0] if n is None else n
+        kb = (k // 32 if kind in K_KINDS else d.shape[1]) if kb is None else kb
+        return cls(kind, n, k, kb, qs.data_ptr(), d.data_ptr(), _ptr(m), _ptr(bias), _ptr(sc),
+                   _ptr(mn), _ptr(hb))
+
+
+class PagedDecode(ctypes.Structure):
+    """``agl_paged``: a decode step's view of one layer's KV pool (``paged_attention.c``)."""
+
+    _fields_ = [("B", ctypes.c_int64), ("nh", ctypes.c_int64), ("nkv", ctypes.c_int64),
+                ("hd", ctypes.c_int64), ("page_size", ctypes.c_int64),
+                ("max_pages", ctypes.c_int64), ("page_table", ctypes.c_void_p),
+                ("lens", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+                ("kv_bf16", ctypes.c_int32), ("scale", ctypes.c_float)]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class QMatmulLibrary:
+    """The loaded library: :meth:`matmul` runs ``agl_qmatmul``, :meth:`dequantize_bf16`
+    ``agl_dequant_bf16`` and :meth:`softmax_lse_` ``agl_softmax_lse`` on torch tensors; ``lib``
+    is the ctypes handle for the other entry points (``agentlang.runtime.models.decode_layer``)."""
+
+    def __init__(self, path: Path, isa: Isa):
+        self.path, self.isa = path, isa
+        self.lib = ctypes.CDLL(str(path))
+        self._fn = self.lib.agl_qmatmul
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ctypes.POINTER(QWeight), ctypes.c_void_p, ctypes.c_int64,
+                             ctypes.c_void_p, ctypes.c_int]
+        self._dequant = self.lib.agl_dequant_bf16
+        self._dequant.restype = None
+        self._dequant.argtypes = [ctypes.POINTER(QWeight), ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_void_p, ctypes.c_int]
+        self._paged = self.lib.agl_paged_decode
+        self._paged.restype = ctypes.c_int
+        self._paged.argtypes = [ctypes.POINTER(PagedDecode), ctypes.c_void_p, ctypes.c_int,
+                                ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        self._softmax = self.lib.agl_softmax_lse
+        self._softmax.restype = None
+        self._softmax.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+
+
+    def amx_ready(self) -> bool:
+        """Whether this process may run the build's AMX tiles (``agl_amx_ready``: asks Linux
+        for the permission; False for builds without them)."""
+        return self.isa.panels and bool(self.entry("agl_amx_ready", ctypes.c_int)())
+
+    def entry(self, name: str, restype, *argtypes):
+        """The C function ``name`` with its ctypes signature set (``restype`` None: void)."""
+        fn = getattr(self.lib, name)
+        fn.restype, fn.argtypes = restype, list(argtypes)
+        return fn
+    def matmul(self, w: QWeight, x: torch.Tensor, out_features: int | None = None) -> torch.Tensor:
+        """x: float32 contiguous ``[M, K]`` → ``x @ W.T + bias``, float32 ``[M, N]`` (``N``:
+        ``out_features``, the sum over a chain of parts; default ``w.n``)."""
+        y = torch.empty(x.shape[0], out_features or w.n, dtype=torch.float32)
+        rc = self._fn(ctypes.byref(w), x.data_ptr(), x.shape[0], y.data_ptr(), torch.get_num_threads())
+        if rc == -2:
+            raise ValueError(f"the {self.isa.name} build has no kernel for weight kind {w.kind}")
+        if rc != 0:
+            raise MemoryError(f"native matmul: no memory to quantize {tuple(x.shape)} activations")
+        return y
+
+    def dequantize_bf16(self, w: QWeight, rows: range | None = None) -> torch.Tensor:
+        """Weight rows ``rows`` (default all) as bfloat16 ``[len(rows), K]``: each value
+        computed in float32 from its block and rounded to nearest even (what
+        ``.to(torch.bfloat16)`` of the exact weight gives)."""
+        rows = range(w.n) if rows is None else rows
+        if rows.step != 1 or not 0 <= rows.start <= rows.stop <= w.n:
+            raise ValueError(f"rows must be a consecutive range within 0..{w.n}, got {rows}")
+        out = torch.empty(len(rows), w.k, dtype=torch.bfloat16)
+        self._dequant(ctypes.byref(w), rows.start, rows.stop, out.data_ptr(),
+                      torch.get_num_threads())
+        return out
+
+    def paged_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     pages: torch.Tensor, lens: torch.Tensor, scale: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode attention read through page tables (``agl_paged_decode``).
+
+        q: [B, Hq, D] float32 or bfloat16; k, v: one layer's pool [P, S, Hkv, D] (float32 or
+        bfloat16, contiguous); pages: int64 [B, n] each row's pages in order; lens: int64 [B]
+        keys of each row (1..n*S). Returns out [B, Hq, D] in q's dtype and lse [B, Hq] float32,
+        as ``cascade.attend_lse`` gives them (the arithmetic in float32)."""
+        B, Hq, D = q.shape
+        dtypes = (torch.float32, torch.bfloat16)
+        if q.dtype not in dtypes or k.dtype not in dtypes or v.dtype != k.dtype:
+            raise ValueError(f"q, k, v must be float32 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+        q = q.contiguous()
+        pages, lens = pages.contiguous(), lens.contiguous()
+        if pages.dtype != torch.int64 or lens.dtype != torch.int64 or pages.shape[0] != B:
+            raise ValueError("pages [B, n] and lens [B] must be int64")
+        out = torch.empty_like(q)
+        lse = torch.empty(B, Hq, dtype=torch.float32)
+        desc = PagedDecode(B, Hq, k.shape[2], D, k.shape[1], pages.shape[1], pages.data_ptr(),
+                           lens.data_ptr(), k.data_ptr(), v.data_ptr(),
+                           int(k.dtype == torch.bfloat16), scale)
+        bf16 = int(q.dtype == torch.bfloat16)
+        rc = self._paged(ctypes.byref(desc), q.data_ptr(), bf16, out.data_ptr(), bf16,
+                         lse.data_ptr(), torch.get_num_threads())
+        if rc == -2:
+            raise ValueError(f"paged_decode: lens must be in 1..{pages.shape[1] * k.shape[1]} "
+                             f"and {Hq} query heads a multiple of {k.shape[2]} KV heads")
+        if rc != 0:
+            raise MemoryError("paged_decode: no memory for the scores")
+        return out, lse
+
+    def softmax_lse_(self, s: torch.Tensor, scale: float) -> torch.Tensor:
+        """In place: the last dim of ``s`` (float32 or bfloat16, contiguous, on the CPU) becomes
+        ``softmax(scale * s)`` (-inf scores give 0); returns the log-sum-exp of ``scale * s``,
+        float32, ``s.shape[:-1]``."""
+        if s.dtype not in (torch.float32, torch.bfloat16) or not s.is_contiguous():
+            raise ValueError(f"s must be contiguous float32 or bfloat16, got {s.dtype}")
+        lse = torch.empty(s.shape[:-1], dtype=torch.float32)
+        self._softmax(s.data_ptr(), int(s.dtype == torch.bfloat16), lse.numel(), s.shape[-1],
+                      scale, lse.data_ptr(), torch.get_num_threads())
+        return lse
