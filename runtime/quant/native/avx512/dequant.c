@@ -10,7 +10,6 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "kdequant.h"
 #include "qmatmul.h"
@@ -38,9 +37,12 @@ static void panel_block_bytes(const agl_qweight *w, int64_t r, int64_t b, uint8_
 {
     const int64_t p = r / 16, c = r % 16, at = (p * w->kb + b) * 16 + c;
     const int words = w->kind == 4 ? 4 : 8;
-    const uint8_t *s = (const uint8_t *)w->qs + (p * w->kb + b) * 64 * words + 4 * c;
-    for (int kk = 0; kk < words; kk++)
-        memcpy(bytes + 4 * kk, s + 64 * kk, 4);
+    const int *s = (const int *)((const uint8_t *)w->qs + (p * w->kb + b) * 64 * words + 4 * c);
+    const __m256i word = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112);  /* 64 bytes apart */
+    if (words == 4)
+        _mm_storeu_si128((__m128i *)bytes, _mm_i32gather_epi32(s, _mm256_castsi256_si128(word), 4));
+    else
+        _mm256_storeu_si256((__m256i *)bytes, _mm256_i32gather_epi32(s, word, 4));
     *d = half_to_float(w->d[at]);
     *mn = w->m ? half_to_float(w->m[at]) : -8.0f * *d;
 }

@@ -320,14 +320,22 @@ static const int8_t *panel_unpack(const agl_qweight *w, int64_t p, int8_t *wt)
     return wt;
 }
 
+/* The rows of a call's tiles: M split into the fewest tiles of at most PROWS rows, evenly
+ * (17 rows: two tiles of 9, not 16 and 1) */
+static inline int64_t panel_tile_rows(int64_t M)
+{
+    const int64_t tiles = (M + PROWS - 1) / PROWS;
+    return (M + tiles - 1) / tiles;
+}
+
 /* y (row stride ldy) = the M activation rows of a times w (a Q4 or Q8 panel weight); a's
- * buffer holds rows up to M rounded up to the tile rows (PROWS, or M itself below it).
+ * buffer holds rows up to M rounded up to a multiple of panel_tile_rows(M).
  * 0, or -1 without memory for a thread's unpacked panel. */
 static int panel_matmul(const agl_qweight *w, const pact *a, int64_t M, float *y, int64_t ldy,
                         int accumulate, int nthreads)
 {
     const int64_t P = (w->n + PN - 1) / PN;
-    const int amx = M >= AMX_ROWS && panel_amx_ok, rows = M < PROWS ? (int)M : PROWS;
+    const int amx = M >= AMX_ROWS && panel_amx_ok, rows = (int)panel_tile_rows(M);
     int fail = 0;
     #pragma omp parallel num_threads(nthreads) reduction(|:fail)
     {

@@ -442,7 +442,7 @@ static int panel_parts(const agl_qweight *w, const float *x, int64_t M, float *y
                        int accumulate, int nthreads)
 {
     const int64_t K = w->k, nb = K / QK, kb = w->kb;
-    const int64_t rows = M < PROWS ? M : (M + PROWS - 1) / PROWS * PROWS;   /* the tiles' */
+    const int64_t t = panel_tile_rows(M), rows = (M + t - 1) / t * t;    /* the tiles' */
     uint8_t *q = malloc((size_t)(rows * kb * PBLK));
     float *dx = malloc(sizeof(float) * (size_t)(M * kb) * 3);     /* dx, xs, hc */
     if (!q || !dx) { free(q); free(dx); return -1; }
