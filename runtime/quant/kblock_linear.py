@@ -21,14 +21,21 @@ import ctypes
 import torch
 from torch import nn
 
-from agentlang.runtime.quant.block_linear import BlockLinear
+from agentlang.runtime.quant.block_linear import BlockLinear, panel_order, panel_rows
 from agentlang.runtime.quant.kquant import QK_K, KBlocks, dequantize
-from agentlang.runtime.quant.native import KIND_Q5, QMatmulLibrary, QWeight
+from agentlang.runtime.quant.native import KIND_Q4_K, KIND_Q5, KIND_Q6_K, QMatmulLibrary, QWeight
 
 
 def _needs_kquants(lib: QMatmulLibrary) -> None:
     if not lib.isa.kquants:
         raise ValueError(f"the {lib.isa.name} build of the native library has no K-quant kernels")
+
+
+def _q6_halves(sc: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """Q6_K's scales ``[N, K/16]`` from kquant.h's order (a group of 4 blocks: their first
+    halves, then their second) to a block's two halves in turn (``inverse``: back)."""
+    shape = (sc.shape[0], -1, 4, 2) if inverse else (sc.shape[0], -1, 2, 4)
+    return sc.reshape(shape).transpose(2, 3).reshape(sc.shape).contiguous()
 
 
 class KBlockLinear(BlockLinear):
@@ -43,16 +50,38 @@ class KBlockLinear(BlockLinear):
                              f"{blocks.kind}, got {blocks.in_features}")
         self.lib, self.kind = lib, blocks.kind
         self.in_features, self.out_features = blocks.in_features, blocks.qs.shape[0]
-        for name in ("qs", "d", "sc", "mn", "hb"):
-            t = getattr(blocks, name)
-            self.register_buffer(name, None if t is None else t.contiguous())
-        self.register_buffer("m", None if blocks.dmin is None else blocks.dmin.contiguous())
+        # the AMX build keeps Q4_K and Q6_K in panels of 16 rows (avx512/panel.h): qs as Q4's
+        # (Q6_K: Q8's), the per-super-block d, dmin and the per-block sc, mn as panel_order'ed
+        # scales (Q6_K's sc a block's two halves, not a group's A then B halves)
+        self.panels = lib.isa.panels and blocks.kind in (KIND_Q4_K, KIND_Q6_K)
+        words = 8 if blocks.kind == KIND_Q6_K else 4
+        sc = blocks.sc
+        if self.panels and blocks.kind == KIND_Q6_K:
+            sc = _q6_halves(sc, inverse=False)
+        for name, t, w in (("qs", blocks.qs, words), ("d", blocks.d, 0), ("sc", sc, 0),
+                           ("mn", blocks.mn, 0), ("hb", blocks.hb, 0), ("m", blocks.dmin, 0)):
+            if t is not None:
+                t = panel_order(t.contiguous(), w) if self.panels else t.contiguous()
+            self.register_buffer(name, t)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())
         self._qweight = None
 
     @property
     def blocks(self) -> KBlocks:
-        return KBlocks(self.kind, self.qs, self.d, self.m, self.sc, self.mn, self.hb)
+        """The weight in :class:`KBlocks`' row layout (a copy where it is kept in panels)."""
+        return self._row_blocks(slice(None))
+
+    def _row_blocks(self, ids: torch.Tensor | slice) -> KBlocks:
+        if not self.panels:
+            return KBlocks(self.kind, self.qs, self.d, self.m, self.sc, self.mn,
+                           self.hb).rows(ids)
+        r = self._row_ids(ids)
+        pick = lambda t: None if t is None else panel_rows(t, r)       # noqa: E731
+        sc = pick(self.sc)
+        if self.kind == KIND_Q6_K:
+            sc = _q6_halves(sc, inverse=True)
+        return KBlocks(self.kind, pick(self.qs), pick(self.d), pick(self.m), sc, pick(self.mn),
+                       pick(self.hb))
 
     @property
     def qweight(self) -> QWeight:
@@ -60,12 +89,13 @@ class KBlockLinear(BlockLinear):
                                            self.bias) if t is not None)
         if self._qweight is None or self._qweight[0] != key:
             self._qweight = (key, QWeight.of(self.kind, self.in_features, self.qs, self.d, self.m,
-                                             self.bias, self.sc, self.mn, self.hb))
+                                             self.bias, self.sc, self.mn, self.hb,
+                                             n=self.out_features))
         return self._qweight[1]
 
     def rows(self, ids: torch.Tensor | slice) -> torch.Tensor:
         """Rows ``ids`` of the weight, dequantized exactly to float32 ``[T, K]``."""
-        return dequantize(self.blocks.rows(ids))
+        return dequantize(self._row_blocks(ids))
 
     def extra_repr(self) -> str:
         kind = {KIND_Q5: "q5 blocks"}.get(self.kind, f"kind {self.kind} super-blocks")

@@ -106,9 +106,9 @@ def amx_build():
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
 def test_amx_tiles_and_the_one_row_path_give_the_same_bits(qtype):
-    """A call of one row (VNNI, a weight row a lane) and of up to 3 (VNNI, the weights unpacked
-    once) and of 4+ rows (AMX tiles, 16 rows a tile, the last tile part full) give each row the
-    same bits; against the float64 product of the exact weights and the 16-bit activations."""
+    """A call of one row (VNNI, a weight row a lane), of up to 4 (VNNI, the weights unpacked
+    once) and of more (AMX tiles from 4 rows for Q8, 5 for Q4; up to 16 rows a tile, split
+    evenly) give each row the same bits; and the float64 product of the exact weights."""
     gguf = pytest.importorskip("gguf")
     from agentlang.runtime.weights.gguf_weights import block_linear
 
@@ -178,3 +178,33 @@ def test_an_amx_chain_mixes_panel_parts_and_k_quant_parts():
     for T in (1, 3, 7, 20):
         x = torch.randn(T, 512)
         assert torch.equal(chain(x), torch.cat([p(x) for p in parts], dim=1)), T
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_amx_k_quant_panels_match_the_file_and_every_row_count(qtype):
+    """Q4_K / Q6_K kept in panels: the same weights as the AVX-512 build's layout (rows, bf16
+    dequantization), the one-row path's bits at every row count, and the float64 product."""
+    pytest.importorskip("gguf")
+    from agentlang.runtime.quant.kblock_linear import KBlockLinear
+    from agentlang.runtime.quant.kquant import split_kblocks
+    from tests.support.gguf_files import random_blocks
+
+    lib = amx_build()
+    plain = native.build_library(native.ISAS[1])
+    torch.manual_seed(3)
+    for N, K in ((40, 512), (21, 1024)):
+        raw, bias = random_blocks(qtype, N, K, seed=N), torch.randn(N)
+        lin, ref = (KBlockLinear(lb, split_kblocks(raw, qtype), bias) for lb in (lib, plain))
+        assert lin.panels and not ref.panels
+        ids = torch.tensor([N - 1, 0, 17])
+        assert torch.equal(lin.rows(ids), ref.rows(ids))
+        assert torch.equal(lin.dequantize(), ref.dequantize())
+        assert torch.equal(lib.dequantize_bf16(lin.qweight), plain.dequantize_bf16(ref.qweight))
+        x = torch.randn(21, K)
+        y = lin(x)
+        assert torch.equal(torch.cat([lin(x[i:i + 1]) for i in range(21)]), y)
+        for T in (2, 3, 4, 9, 17):
+            assert torch.equal(lin(x[:T]), y[:T]), (N, K, T)
+        expected = x.double() @ lin.dequantize().double().T + lin.bias.double()
+        assert ((y.double() - expected).norm() / expected.norm()).item() < 1e-4
+        assert ((y - ref(x)).norm() / y.norm()).item() < 1e-6

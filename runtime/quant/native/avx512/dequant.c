@@ -30,41 +30,54 @@ static inline float half_to_float(uint16_t h)
 }
 
 #ifdef AGL_AMX
-/* The AMX build's Q4 / Q8 (panel.h's layout): row r's words gathered into the file's block
- * order (Q4: 16 bytes, Q8: 32), its step and min. */
+/* The AMX build's panel kinds (panel.h's layout): row r's words of block b gathered into
+ * the file's block order (Q4, Q4_K: 16 bytes, Q8, Q6_K: 32), the steps of its halves (d0, d1:
+ * the same but for Q6_K) and its min. */
 static void panel_block_bytes(const agl_qweight *w, int64_t r, int64_t b, uint8_t *bytes,
-                              float *d, float *mn)
+                              float *d0, float *d1, float *mn)
 {
     const int64_t p = r / 16, c = r % 16, at = (p * w->kb + b) * 16 + c;
-    const int words = w->kind == 4 ? 4 : 8;
+    const int words = agl_quant_bytes(w->kind) / 4;
     const int *s = (const int *)((const uint8_t *)w->qs + (p * w->kb + b) * 64 * words + 4 * c);
     const __m256i word = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112);  /* 64 bytes apart */
     if (words == 4)
         _mm_storeu_si128((__m128i *)bytes, _mm_i32gather_epi32(s, _mm256_castsi256_si128(word), 4));
     else
         _mm256_storeu_si256((__m256i *)bytes, _mm256_i32gather_epi32(s, word, 4));
-    *d = half_to_float(w->d[at]);
-    *mn = w->m ? half_to_float(w->m[at]) : -8.0f * *d;
+    const int64_t sb = (p * (w->kb >> 3) + (b >> 3)) * 16 + c;   /* K-quants: a super-block */
+    *mn = 0.0f;
+    if (w->kind == AGL_Q4_K) {                   /* d sc, -dmin mn: exact in float32 */
+        *d0 = *d1 = half_to_float(w->d[sb]) * (float)w->sc[at];
+        *mn = -(half_to_float(w->m[sb]) * (float)w->mn[at]);
+    } else if (w->kind == AGL_Q6_K) {            /* d sc of each half */
+        const int8_t *sc = (const int8_t *)w->sc + 2 * (at - c) + c;
+        *d0 = half_to_float(w->d[sb]) * (float)sc[0];
+        *d1 = half_to_float(w->d[sb]) * (float)sc[16];
+    } else {
+        *d0 = *d1 = half_to_float(w->d[at]);
+        if (w->kind == AGL_Q4)
+            *mn = w->m ? half_to_float(w->m[at]) : -8.0f * *d0;
+    }
 }
 
-/* Row r of a Q4 / Q8 weight in panels into out[k] */
+/* Row r of a weight in panels into out[k] */
 static void dequant_panel_row(const agl_qweight *w, int64_t r, uint16_t *out)
 {
     for (int64_t b = 0; b < w->k / QK; b++) {
         uint8_t bytes[32];
-        float db, mn;
-        panel_block_bytes(w, r, b, bytes, &db, &mn);
+        float d0, d1, mn;
+        panel_block_bytes(w, r, b, bytes, &d0, &d1, &mn);
         __m128i v = _mm_loadu_si128((const __m128i *)bytes);
-        if (w->kind == 4) {
-            store_block_half(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))), db, mn,
+        if (agl_quant_bytes(w->kind) == 16) {        /* nibbles: weights i and i + 16 */
+            store_block_half(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))), d0, mn,
                              out + b * QK);
             store_block_half(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4),
                                                                  _mm_set1_epi8(0x0F))),
-                             db, mn, out + b * QK + 16);
+                             d1, mn, out + b * QK + 16);
         } else {
-            store_block_half(_mm512_cvtepi8_epi32(v), db, 0.0f, out + b * QK);
+            store_block_half(_mm512_cvtepi8_epi32(v), d0, 0.0f, out + b * QK);
             store_block_half(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(bytes + 16))),
-                             db, 0.0f, out + b * QK + 16);
+                             d1, 0.0f, out + b * QK + 16);
         }
     }
 }
@@ -73,14 +86,16 @@ static void dequant_panel_row(const agl_qweight *w, int64_t r, uint16_t *out)
 /* Row r of w (its nb = k / 32 real blocks) into out[k]. */
 static void dequant_row(const agl_qweight *w, int64_t r, uint16_t *out)
 {
+#ifdef AGL_AMX
+    if (agl_panel_kind(w->kind)) {
+        dequant_panel_row(w, r, out);   /* the AMX build keeps these in panels (panel.h) */
+        return;
+    }
+#endif
     if (kd_is_block(w->kind)) {                 /* K-quants, Q5_0 / Q5_1: kdequant.h */
         kd_row_bf16(w, r, out);
         return;
     }
-#ifdef AGL_AMX
-    dequant_panel_row(w, r, out);       /* Q4 and Q8 are in panels in the AMX build */
-    return;
-#endif
     const int64_t kb = w->kb, nb = w->k / QK;
     const uint16_t *d = w->d + r * kb, *m = w->m ? w->m + r * kb : NULL;
     for (int64_t b = 0; b < nb; b++) {

@@ -12,6 +12,12 @@
  *       word kk are weights 4 kk .. 4 kk + 3 of the block, the high ones 16 + 4 kk ..
  *   Q8: qs int8 [P, kb, 8, 16, 4], word kk = weights 4 kk .. 4 kk + 3
  *   d (and Q4_1's m): float16 [P, kb, 16], row c's step (min) of block b at c
+ *   Q4_K: qs as Q4 (kquant.h's low 4 bits, in Q4_1's order); d and dmin (m) float16
+ *       [P, kb / 8, 16] a super-block; sc, mn uint8 [P, kb, 16] a block: its step d sc and
+ *       min -dmin mn, both exact in float32
+ *   Q6_K: qs as Q8 (kquant.h's q - 32, int8); d float16 [P, kb / 8, 16]; sc int8
+ *       [P, kb, 2, 16], the steps d sc of a block's halves (words 0..3, 4..7), each half's sum
+ *       kept apart (in the tiles: two products of K = 16)
  * Unpacked to int8 (Q4: low nibbles as words 0..3, high ones as 4..7), a block is an AMX B tile
  * of 8 rows of 64 bytes: C[i][c] += sum over K of x[i][k] w[c][k] is the block's sum of row c.
  *
@@ -42,11 +48,13 @@
 #define PN 16            /* weight rows a panel: the lanes of an accumulator */
 #define PBLK 64          /* activation bytes a block: h[32], l[32] */
 #define PROWS 16         /* activation rows an AMX tile */
-#define AMX_ROWS 4       /* calls of at least this many rows run on AMX tiles */
-#define VNNI_ROWS 3      /* activation rows a VNNI pass (the weights unpacked once for them) */
+#define AMX_ROWS 4       /* calls of at least this many rows run on AMX tiles (4-bit kinds,
+                          * whose tiles are unpacked first: one more) */
+#define VNNI_ROWS 4      /* activation rows a VNNI pass (the weights unpacked once for them) */
 
 /* The quantized activations of a call (quantize_panel_row): row r's block b at
- * q + (r * kb + b) * PBLK; dx, xs float [rows, kb]; hc int32 [rows, kb] (-128 sum(h)). */
+ * q + (r * kb + b) * PBLK; dx, xs float [rows, kb]; hc int32 [rows, kb, 2] (-128 sum(h) over
+ * each half of the block). */
 typedef struct {
     const uint8_t *q;
     const float *dx, *xs;
@@ -85,7 +93,7 @@ static void quantize_panel_row(const float *x, int64_t nb, int64_t kb, uint8_t *
         if (b >= nb) {
             memset(g, 0, PBLK);
             dx[b] = xs[b] = 0.0f;
-            hc[b] = 0;
+            hc[2 * b] = hc[2 * b + 1] = 0;
             continue;
         }
         __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
@@ -100,8 +108,15 @@ static void quantize_panel_row(const float *x, int64_t nb, int64_t kb, uint8_t *
         _mm_storeu_si128((__m128i *)(g + 48), _mm512_cvtepi32_epi8(q1));
         dx[b] = d;
         xs[b] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-        hc[b] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(h0, h1));
+        hc[2 * b] = -128 * _mm512_reduce_add_epi32(h0);
+        hc[2 * b + 1] = -128 * _mm512_reduce_add_epi32(h1);
     }
+}
+
+/* The panel kinds (qmatmul.h's agl_panel_kind) with 4-bit quants: unsigned, with a min */
+static inline int panel_nibbles(int kind)
+{
+    return kind == AGL_Q4 || kind == AGL_Q4_K;
 }
 
 /* Block b of panel p as 8 words-rows of int8 (a B tile): Q4 unpacked from its nibbles, Q8 read
@@ -109,7 +124,7 @@ static void quantize_panel_row(const float *x, int64_t nb, int64_t kb, uint8_t *
 static inline __attribute__((always_inline)) void
 panel_block(const agl_qweight *w, int64_t p, int64_t b, __m512i wv[8], __m512i wq[8])
 {
-    if (w->kind == AGL_Q4) {
+    if (panel_nibbles(w->kind)) {
         const uint8_t *s = (const uint8_t *)w->qs + (p * w->kb + b) * 256;
         const __m512i lo4 = _mm512_set1_epi8(0x0F);
         for (int kk = 0; kk < 4; kk++) {
@@ -127,10 +142,28 @@ panel_block(const agl_qweight *w, int64_t p, int64_t b, __m512i wv[8], __m512i w
     }
 }
 
-/* Block b's steps of panel p's rows (16 floats) and its min (Q4_1 m, Q4_0 -8 d; Q8 unused) */
-static inline __m512 panel_steps(const agl_qweight *w, int64_t p, int64_t b, __m512 *mn)
+/* Block b's steps of panel p's rows (16 floats) and its min (Q4_1 m, Q4_0 -8 d, Q4_K
+ * -dmin mn; Q8, Q6_K: unset); Q6_K: the first half's step, the second's at *step1 */
+static inline __m512 panel_steps(const agl_qweight *w, int64_t p, int64_t b, __m512 *mn,
+                                 __m512 *step1)
 {
     const int64_t at = (p * w->kb + b) * PN;
+    if (w->kind == AGL_Q6_K) {
+        const int64_t sb = (p * (w->kb >> 3) + (b >> 3)) * PN;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + sb)));
+        const int8_t *sc = (const int8_t *)w->sc + 2 * at;
+        *step1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + PN)))));
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc))));
+    }
+    if (w->kind == AGL_Q4_K) {
+        const int64_t sb = (p * (w->kb >> 3) + (b >> 3)) * PN;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + sb)));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + sb)));
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->sc + at))));
+        const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->mn + at))));
+        *mn = _mm512_xor_ps(_mm512_mul_ps(dmin, m), _mm512_set1_ps(-0.0f));
+        return _mm512_mul_ps(d, sc);
+    }
     __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + at)));
     if (w->kind == AGL_Q4)
         *mn = w->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + at)))
@@ -138,24 +171,18 @@ static inline __m512 panel_steps(const agl_qweight *w, int64_t p, int64_t b, __m
     return dw;
 }
 
-/* The exact block sum s of one activation row's block a (h then l) against the unpacked
- * words, by VNNI: 16 lanes, one a weight row. */
-static inline __m512i panel_dot(int kind, const __m512i wv[8], const __m512i wq[8],
-                                const uint8_t *a, int32_t hc)
+/* The exact sum over words kk0..kk0+3 (a half block) or 0..7 (n) of one activation row's
+ * block a (h then l) against the unpacked words, by VNNI: 16 lanes, one a weight row. Signed
+ * weights: (w + 128) . h + hc, hc = -128 sum(h) over those words. */
+static inline __m512i panel_dot(int nibbles, const __m512i wv[8], const __m512i wq[8],
+                                const uint8_t *a, int32_t hc, int kk0, int n)
 {
     const int32_t *h = (const int32_t *)a, *l = (const int32_t *)(a + 32);
-    __m512i sh;
-    if (kind == AGL_Q4) {              /* w unsigned 0..15, h signed */
-        sh = _mm512_setzero_si512();
-        for (int kk = 0; kk < 8; kk++)
-            sh = _mm512_dpbusd_epi32(sh, wv[kk], _mm512_set1_epi32(h[kk]));
-    } else {                           /* (w + 128) . h - 128 sum(h) */
-        sh = _mm512_set1_epi32(hc);
-        for (int kk = 0; kk < 8; kk++)
-            sh = _mm512_dpbusd_epi32(sh, wq[kk], _mm512_set1_epi32(h[kk]));
-    }
+    __m512i sh = nibbles ? _mm512_setzero_si512() : _mm512_set1_epi32(hc);
+    for (int kk = kk0; kk < kk0 + n; kk++)   /* nibbles: w unsigned 0..15, h signed */
+        sh = _mm512_dpbusd_epi32(sh, nibbles ? wv[kk] : wq[kk], _mm512_set1_epi32(h[kk]));
     __m512i s = _mm512_slli_epi32(sh, 8);
-    for (int kk = 0; kk < 8; kk++)    /* l unsigned, w signed */
+    for (int kk = kk0; kk < kk0 + n; kk++)   /* l unsigned, w signed */
         s = _mm512_dpbusd_epi32(s, _mm512_set1_epi32(l[kk]), wv[kk]);
     return s;
 }
@@ -185,23 +212,35 @@ panel_rows_vnni(const agl_qweight *w, const pact *a, int64_t p, int64_t m, int m
         acc[i] = accm[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < kb; b++) {
         __m512i wv[8], wq[8];
-        __m512 mn = _mm512_setzero_ps();
+        __m512 mn = _mm512_setzero_ps(), dw1;
         if (b + 2 < kb)                  /* the weights stream from memory: two blocks ahead */
             _mm_prefetch((const char *)w->qs + (p * kb + b + 2) * agl_quant_bytes(w->kind) * 16,
                          _MM_HINT_T0);
         panel_block(w, p, b, wv, wq);
-        const __m512 dw = panel_steps(w, p, b, &mn);
+        const __m512 dw = panel_steps(w, p, b, &mn, &dw1);
+        const int nib = panel_nibbles(w->kind);
         for (int i = 0; i < mr; i++) {
             const int64_t at = (m + i) * kb + b;
-            __m512i s = panel_dot(w->kind, wv, wq, a->q + at * PBLK, a->hc[at]);
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a->dx[at])), acc[i]);
-            if (w->kind == AGL_Q4)
+            const uint8_t *x = a->q + at * PBLK;
+            const __m512 dx = _mm512_set1_ps(a->dx[at]);
+            if (w->kind == AGL_Q6_K) {   /* each half with its own step */
+                __m512i s0 = panel_dot(0, wv, wq, x, a->hc[2 * at], 0, 4);
+                __m512i s1 = panel_dot(0, wv, wq, x, a->hc[2 * at + 1], 4, 4);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dw, dx), acc[i]);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(dw1, dx), acc[i]);
+                continue;
+            }
+            __m512i s = panel_dot(nib, wv, wq, x, a->hc[2 * at] + a->hc[2 * at + 1], 0, 8);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[i]);
+            if (nib)
                 accm[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->xs[at]), accm[i]);
         }
     }
     for (int i = 0; i < mr; i++)
         panel_store(w, p, y, ldy, m + i, _mm512_add_ps(acc[i], accm[i]), accumulate);
 }
+
+_Static_assert(VNNI_ROWS == 4, "panel_vnni spells out 1..VNNI_ROWS rows");
 
 static void panel_vnni(const agl_qweight *w, const pact *a, int64_t p, int64_t M, float *y,
                        int64_t ldy, int accumulate)
@@ -212,20 +251,23 @@ static void panel_vnni(const agl_qweight *w, const pact *a, int64_t p, int64_t M
             panel_rows_vnni(w, a, p, m, 1, y, ldy, accumulate);
         else if (mr == 2)
             panel_rows_vnni(w, a, p, m, 2, y, ldy, accumulate);
-        else
+        else if (mr == 3)
             panel_rows_vnni(w, a, p, m, 3, y, ldy, accumulate);
+        else
+            panel_rows_vnni(w, a, p, m, 4, y, ldy, accumulate);
     }
 }
 
 /* The AMX tiles: 0, 1 and 5, 6 the h and l sums of even and odd blocks (rows x 16 int32),
- * 2, 3 the h and l activations (rows x 32 bytes), 4 a block's weights (8 x 64 bytes) */
+ * 2, 3 the h and l activations (rows x 32 bytes), 4 a block's weights (8 x 64 bytes); Q6_K
+ * (half): 0, 1 and 5, 6 a block's first and second halves, 2, 3 rows x 16 bytes, 4 4 x 64 */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 } __attribute__((packed)) tilecfg;
 
-static inline void panel_tiles(int rows)
+static inline void panel_tiles(int rows, int half)
 {
     tilecfg c;
     memset(&c, 0, sizeof c);
@@ -234,30 +276,30 @@ static inline void panel_tiles(int rows)
         c.rows[t] = (uint8_t)rows;
         c.colsb[t] = 64;
     }
-    c.colsb[2] = c.colsb[3] = 32;
-    c.rows[4] = 8;
+    c.colsb[2] = c.colsb[3] = half ? 16 : 32;
+    c.rows[4] = half ? 4 : 8;
     _tile_loadconfig(&c);
 }
 
-/* Block b's sums of rows x (stride bytes apart) into tiles ch, cl */
-#define PANEL_ISSUE(ch, cl, x, stride, wt, b)                                        \
+/* Block b's sums of rows x (stride bytes apart) into tiles ch, cl; from byte `at` of its h
+ * and of its l, over the B tile at byte `wat` of the block's weights (a whole block: 0, 0; a
+ * Q6_K half: 0, 0 or 16, 256) */
+#define PANEL_ISSUE(ch, cl, x, stride, wt, b, at, wat)                               \
     do {                                                                            \
         _tile_zero(ch);                                                             \
         _tile_zero(cl);                                                             \
-        _tile_loadd(2, (x) + (b) * PBLK, stride);                                   \
-        _tile_loadd(3, (x) + (b) * PBLK + 32, stride);                              \
-        _tile_loadd(4, (wt) + (b) * 512, 64);                                       \
+        _tile_loadd(2, (x) + (b) * PBLK + (at), stride);                            \
+        _tile_loadd(3, (x) + (b) * PBLK + 32 + (at), stride);                       \
+        _tile_loadd(4, (wt) + (b) * 512 + (wat), 64);                               \
         _tile_dpbssd(ch, 2, 4);          /* h signed . w signed */                  \
         _tile_dpbusd(cl, 3, 4);          /* l unsigned . w signed */                \
     } while (0)
 
-/* acc[i] += block b's sums (sh, sl: the C tiles as stored) scaled, rows m0..m0+mr-1 */
+/* acc[i] += block b's sums (sh, sl: the C tiles as stored) times dw dx, rows m0..m0+mr-1 */
 static inline __attribute__((always_inline)) void
-panel_scale(const agl_qweight *w, const pact *a, int64_t p, int64_t m0, int mr, int64_t b,
-            const int32_t *sh, const int32_t *sl, __m512 acc[PROWS])
+panel_scale(const agl_qweight *w, const pact *a, int64_t m0, int mr, int64_t b,
+            const int32_t *sh, const int32_t *sl, __m512 dw, __m512 acc[PROWS])
 {
-    __m512 mn;
-    const __m512 dw = panel_steps(w, p, b, &mn);
     for (int i = 0; i < mr; i++) {
         __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_loadu_si512(sh + 16 * i), 8),
                                      _mm512_loadu_si512(sl + 16 * i));
@@ -269,37 +311,52 @@ panel_scale(const agl_qweight *w, const pact *a, int64_t p, int64_t m0, int mr, 
 /* One panel, activation rows m0..m0+mr-1 (mr <= PROWS; the tiles read rows up to m0 + rows,
  * which the caller's buffer holds), by AMX: the next block's tile products run while this
  * one's sums are scaled. wt: the panel's kb blocks as B tiles (kb * 512 bytes); c: scratch
- * for two C tiles. */
+ * for four C tiles. */
 static void panel_rows_amx(const agl_qweight *w, const pact *a, int64_t p, int64_t m0, int mr,
                            const int8_t *wt, int32_t *c, float *y, int64_t ldy, int accumulate)
 {
     const int64_t kb = w->kb, stride = kb * PBLK;
     const uint8_t *x = a->q + m0 * stride;
-    int32_t *sh = c, *sl = c + PROWS * 16;
-    __m512 acc[PROWS];
+    int32_t *sh = c, *sl = c + PROWS * 16, *sh1 = c + 2 * PROWS * 16, *sl1 = c + 3 * PROWS * 16;
+    __m512 acc[PROWS], mn, dw1;
     for (int i = 0; i < mr; i++)
         acc[i] = _mm512_setzero_ps();
-    PANEL_ISSUE(0, 1, x, stride, wt, 0);
-    for (int64_t b = 0; b < kb; b += 2) {
-        if (b + 1 < kb)
-            PANEL_ISSUE(5, 6, x, stride, wt, b + 1);
-        _tile_stored(0, sh, 64);
-        _tile_stored(1, sl, 64);
-        panel_scale(w, a, p, m0, mr, b, sh, sl, acc);
-        if (b + 1 >= kb)
-            break;
-        if (b + 2 < kb)
-            PANEL_ISSUE(0, 1, x, stride, wt, b + 2);
-        _tile_stored(5, sh, 64);
-        _tile_stored(6, sl, 64);
-        panel_scale(w, a, p, m0, mr, b + 1, sh, sl, acc);
+    if (w->kind == AGL_Q6_K) {          /* each half its own products (K = 16) and step */
+        for (int64_t b = 0; b < kb; b++) {
+            PANEL_ISSUE(0, 1, x, stride, wt, b, 0, 0);
+            PANEL_ISSUE(5, 6, x, stride, wt, b, 16, 256);
+            _tile_stored(0, sh, 64);
+            _tile_stored(1, sl, 64);
+            _tile_stored(5, sh1, 64);
+            _tile_stored(6, sl1, 64);
+            const __m512 dw = panel_steps(w, p, b, &mn, &dw1);
+            for (int i = 0; i < mr; i++) {   /* the VNNI path's order: half 0, then half 1 */
+                panel_scale(w, a, m0 + i, 1, b, sh + 16 * i, sl + 16 * i, dw, acc + i);
+                panel_scale(w, a, m0 + i, 1, b, sh1 + 16 * i, sl1 + 16 * i, dw1, acc + i);
+            }
+        }
+    } else {                            /* block b + 1's products run while b's are scaled */
+        PANEL_ISSUE(0, 1, x, stride, wt, 0, 0, 0);
+        for (int64_t b = 0; b < kb; b += 2) {
+            if (b + 1 < kb)
+                PANEL_ISSUE(5, 6, x, stride, wt, b + 1, 0, 0);
+            _tile_stored(0, sh, 64);
+            _tile_stored(1, sl, 64);
+            panel_scale(w, a, m0, mr, b, sh, sl, panel_steps(w, p, b, &mn, &dw1), acc);
+            if (b + 1 >= kb)
+                break;
+            if (b + 2 < kb)
+                PANEL_ISSUE(0, 1, x, stride, wt, b + 2, 0, 0);
+            _tile_stored(5, sh, 64);
+            _tile_stored(6, sl, 64);
+            panel_scale(w, a, m0, mr, b + 1, sh, sl, panel_steps(w, p, b + 1, &mn, &dw1), acc);
+        }
     }
     for (int i = 0; i < mr; i++) {
         __m512 accm = _mm512_setzero_ps();
-        if (w->kind == AGL_Q4)
+        if (panel_nibbles(w->kind))
             for (int64_t b = 0; b < kb; b++) {
-                __m512 mn;
-                panel_steps(w, p, b, &mn);
+                panel_steps(w, p, b, &mn, &dw1);
                 accm = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->xs[(m0 + i) * kb + b]), accm);
             }
         panel_store(w, p, y, ldy, m0 + i, _mm512_add_ps(acc[i], accm), accumulate);
@@ -309,7 +366,7 @@ static void panel_rows_amx(const agl_qweight *w, const pact *a, int64_t p, int64
 /* The panel's kb blocks unpacked to B tiles at wt (Q4; Q8's stored blocks are B tiles) */
 static const int8_t *panel_unpack(const agl_qweight *w, int64_t p, int8_t *wt)
 {
-    if (w->kind != AGL_Q4)
+    if (!panel_nibbles(w->kind))
         return (const int8_t *)w->qs + p * w->kb * 512;
     for (int64_t b = 0; b < w->kb; b++) {
         __m512i wv[8], wq[8];
@@ -335,7 +392,8 @@ static int panel_matmul(const agl_qweight *w, const pact *a, int64_t M, float *y
                         int accumulate, int nthreads)
 {
     const int64_t P = (w->n + PN - 1) / PN;
-    const int amx = M >= AMX_ROWS && panel_amx_ok, rows = (int)panel_tile_rows(M);
+    const int amx = M >= AMX_ROWS + panel_nibbles(w->kind) && panel_amx_ok;
+    const int rows = (int)panel_tile_rows(M);
     int fail = 0;
     #pragma omp parallel num_threads(nthreads) reduction(|:fail)
     {
@@ -345,11 +403,11 @@ static int panel_matmul(const agl_qweight *w, const pact *a, int64_t M, float *y
         int32_t *c = NULL;
         if (amx) {
             wt = aligned_alloc(64, (size_t)(w->kb * 512));
-            c = aligned_alloc(64, 2 * PROWS * 64);
+            c = aligned_alloc(64, 4 * PROWS * 64);
             if (!wt || !c)
                 fail = 1;
             else
-                panel_tiles(rows);
+                panel_tiles(rows, w->kind == AGL_Q6_K);
         }
         for (int64_t p = p0; p < p1 && !fail; p++) {
             if (!amx) {

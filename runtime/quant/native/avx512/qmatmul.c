@@ -422,7 +422,7 @@ static void weight_matmul(const agl_qweight *w, const qact *a, int64_t M, int64_
 static inline int in_panels(const agl_qweight *w)
 {
 #ifdef AGL_AMX
-    return w->kind == AGL_Q4 || w->kind == AGL_Q8;
+    return agl_panel_kind(w->kind);
 #else
     (void)w;
     return 0;
@@ -444,7 +444,7 @@ static int panel_parts(const agl_qweight *w, const float *x, int64_t M, float *y
     const int64_t K = w->k, nb = K / QK, kb = w->kb;
     const int64_t t = panel_tile_rows(M), rows = (M + t - 1) / t * t;    /* the tiles' */
     uint8_t *q = malloc((size_t)(rows * kb * PBLK));
-    float *dx = malloc(sizeof(float) * (size_t)(M * kb) * 3);     /* dx, xs, hc */
+    float *dx = malloc(sizeof(float) * (size_t)(M * kb) * 4);     /* dx, xs, hc (2 a block) */
     if (!q || !dx) { free(q); free(dx); return -1; }
     float *xs = dx + M * kb;
     int32_t *hc = (int32_t *)(xs + M * kb);
@@ -452,7 +452,7 @@ static int panel_parts(const agl_qweight *w, const float *x, int64_t M, float *y
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1 && work > 65536)
     for (int64_t m = 0; m < M; m++)
         quantize_panel_row(x + m * K, nb, kb, q + m * kb * PBLK, dx + m * kb, xs + m * kb,
-                           hc + m * kb);
+                           hc + m * kb * 2);
     const pact act = {q, dx, xs, hc, kb};
     int rc = 0;
     for (int64_t col = 0; w && !rc; col += w->n, w = w->next)
