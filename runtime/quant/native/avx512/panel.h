@@ -201,6 +201,20 @@ static inline void panel_store(const agl_qweight *w, int64_t p, float *y, int64_
     _mm512_mask_storeu_ps(o, k, v);
 }
 
+#ifndef PF_BYTES
+#define PF_BYTES 4096    /* how far ahead of a VNNI pass its weights are fetched into L2 */
+#endif
+
+/* The quants PF_BYTES ahead of panel block pb (the panels are one stream: a thread's panels
+ * follow each other) into L2, a cache line at a time */
+static inline __attribute__((always_inline)) void panel_prefetch(const agl_qweight *w, int64_t pb)
+{
+    const int bytes = agl_quant_bytes(w->kind) * PN;                 /* a panel block's */
+    const char *q = (const char *)w->qs + pb * bytes + PF_BYTES;
+    for (int o = 0; o < bytes; o += 64)
+        _mm_prefetch(q + o, _MM_HINT_T1);
+}
+
 /* One panel, activation rows m..m+mr-1 (mr <= VNNI_ROWS), by VNNI: each block unpacked once */
 static inline __attribute__((always_inline)) void
 panel_rows_vnni(const agl_qweight *w, const pact *a, int64_t p, int64_t m, int mr, float *y,
@@ -213,9 +227,7 @@ panel_rows_vnni(const agl_qweight *w, const pact *a, int64_t p, int64_t m, int m
     for (int64_t b = 0; b < kb; b++) {
         __m512i wv[8], wq[8];
         __m512 mn = _mm512_setzero_ps(), dw1;
-        if (b + 2 < kb)                  /* the weights stream from memory: two blocks ahead */
-            _mm_prefetch((const char *)w->qs + (p * kb + b + 2) * agl_quant_bytes(w->kind) * 16,
-                         _MM_HINT_T0);
+        panel_prefetch(w, p * kb + b);
         panel_block(w, p, b, wv, wq);
         const __m512 dw = panel_steps(w, p, b, &mn, &dw1);
         const int nib = panel_nibbles(w->kind);
@@ -310,10 +322,11 @@ panel_scale(const agl_qweight *w, const pact *a, int64_t m0, int mr, int64_t b,
 
 /* One panel, activation rows m0..m0+mr-1 (mr <= PROWS; the tiles read rows up to m0 + rows,
  * which the caller's buffer holds), by AMX: the next block's tile products run while this
- * one's sums are scaled. wt: the panel's kb blocks as B tiles (kb * 512 bytes); c: scratch
- * for four C tiles. */
+ * one's sums are scaled. wt: the panel's kb blocks as B tiles (kb * 512 bytes); mins: their
+ * mins (4-bit kinds: kb x 16 floats); c: scratch for four C tiles. */
 static void panel_rows_amx(const agl_qweight *w, const pact *a, int64_t p, int64_t m0, int mr,
-                           const int8_t *wt, int32_t *c, float *y, int64_t ldy, int accumulate)
+                           const int8_t *wt, const float *mins, int32_t *c, float *y,
+                           int64_t ldy, int accumulate)
 {
     const int64_t kb = w->kb, stride = kb * PBLK;
     const uint8_t *x = a->q + m0 * stride;
@@ -355,24 +368,27 @@ static void panel_rows_amx(const agl_qweight *w, const pact *a, int64_t p, int64
     for (int i = 0; i < mr; i++) {
         __m512 accm = _mm512_setzero_ps();
         if (panel_nibbles(w->kind))
-            for (int64_t b = 0; b < kb; b++) {
-                panel_steps(w, p, b, &mn, &dw1);
-                accm = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->xs[(m0 + i) * kb + b]), accm);
-            }
+            for (int64_t b = 0; b < kb; b++)
+                accm = _mm512_fmadd_ps(_mm512_load_ps(mins + 16 * b),
+                                       _mm512_set1_ps(a->xs[(m0 + i) * kb + b]), accm);
         panel_store(w, p, y, ldy, m0 + i, _mm512_add_ps(acc[i], accm), accumulate);
     }
 }
 
-/* The panel's kb blocks unpacked to B tiles at wt (Q4; Q8's stored blocks are B tiles) */
-static const int8_t *panel_unpack(const agl_qweight *w, int64_t p, int8_t *wt)
+/* The panel's kb blocks unpacked to B tiles at wt (4-bit kinds; the 8-bit kinds' stored
+ * blocks are B tiles) and their mins at mins (kb x 16 floats) */
+static const int8_t *panel_unpack(const agl_qweight *w, int64_t p, int8_t *wt, float *mins)
 {
     if (!panel_nibbles(w->kind))
         return (const int8_t *)w->qs + p * w->kb * 512;
     for (int64_t b = 0; b < w->kb; b++) {
         __m512i wv[8], wq[8];
+        __m512 mn, dw1;
         panel_block(w, p, b, wv, wq);
         for (int kk = 0; kk < 8; kk++)
             _mm512_storeu_si512(wt + b * 512 + 64 * kk, wv[kk]);
+        panel_steps(w, p, b, &mn, &dw1);
+        _mm512_store_ps(mins + 16 * b, mn);
     }
     return wt;
 }
@@ -401,10 +417,12 @@ static int panel_matmul(const agl_qweight *w, const pact *a, int64_t M, float *y
         const int64_t p0 = P * tid / nth, p1 = P * (tid + 1) / nth;
         int8_t *wt = NULL;
         int32_t *c = NULL;
+        float *mins = NULL;
         if (amx) {
             wt = aligned_alloc(64, (size_t)(w->kb * 512));
             c = aligned_alloc(64, 4 * PROWS * 64);
-            if (!wt || !c)
+            mins = aligned_alloc(64, (size_t)(w->kb * 64));
+            if (!wt || !c || !mins)
                 fail = 1;
             else
                 panel_tiles(rows, w->kind == AGL_Q6_K);
@@ -414,16 +432,17 @@ static int panel_matmul(const agl_qweight *w, const pact *a, int64_t M, float *y
                 panel_vnni(w, a, p, M, y, ldy, accumulate);
                 continue;
             }
-            const int8_t *t = panel_unpack(w, p, wt);
+            const int8_t *t = panel_unpack(w, p, wt, mins);
             for (int64_t m = 0; m < M; m += rows) {
                 const int mr = M - m < rows ? (int)(M - m) : rows;
-                panel_rows_amx(w, a, p, m, mr, t, c, y, ldy, accumulate);
+                panel_rows_amx(w, a, p, m, mr, t, mins, c, y, ldy, accumulate);
             }
         }
         if (amx)
             _tile_release();
         free(wt);
         free(c);
+        free(mins);
     }
     return fail ? -1 : 0;
 }
