@@ -1,4 +1,5 @@
-/* The AMX build's Q4 / Q8 matmul (qmatmul.c includes it with -DAGL_AMX): weights in panels of
+/* The AMX build's Q4 / Q8 / Q4_K / Q6_K matmul (qmatmul.c includes it with -DAGL_AMX, the kinds
+ * of qmatmul.h's agl_panel_kind): weights in panels of
  * 16 output rows, multiplied by AMX tiles (TDPBSSD / TDPBUSD) when a call has AMX_ROWS rows or
  * more and by AVX-512 VNNI with one weight row a lane below that (or where Linux refuses the
  * tiles); both give every output bit for bit the same value, so a row's output never depends
@@ -24,12 +25,13 @@
  * Activations (quantize_panel_row): each row quantized as qmatmul.c's are, 16 bits a weight,
  * a step a block (d = max|x| / 32767, q = round(x / d)), q = 256 h + l, kept a block at a time
  * as h int8 [32] then l uint8 [32] (an AMX A tile's row: rows of a call at a stride of kb * 64
- * bytes), with the block's step dx, xs = dx * sum(q) (the min term) and, for Q8's VNNI path,
- * -128 * sum(h).
+ * bytes), with the block's step dx, xs = dx * sum(q) (the min term) and, for the signed
+ * kinds' VNNI path, -128 * sum(h) over each half of the block.
  *
  * Arithmetic, the same in both paths: block b's integer sum s = 256 (w . h) + w . l is exact
- * (int32); then, in block order, acc = fma(float(s), dw * dx, acc) and, Q4 only, accm =
- * fma(mn, xs, accm) (mn = m, or -8 dw for Q4_0); the output is acc + accm (+ bias). The lanes
+ * (int32); then, in block order, acc = fma(float(s), dw * dx, acc) (Q6_K: each half's sum
+ * with its step, first half first) and, the 4-bit kinds, accm = fma(mn, xs, accm) (mn = m,
+ * -8 dw for Q4_0, -dmin mn for Q4_K); the output is acc + accm (+ bias). The lanes
  * of acc are the panel's 16 rows: each output's float operations are its own, whatever the
  * number of rows, the path or the threads (OpenMP splits the panels).
  */
