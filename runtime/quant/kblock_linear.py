@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import torch
 from torch import nn
 
-from agentlang.runtime.quant.block_linear import BlockLinear, panel_order, panel_rows
+from agentlang.runtime.quant.block_linear import PANEL, BlockLinear, panel_order, panel_rows
 from agentlang.runtime.quant.kquant import QK_K, KBlocks, dequantize
 from agentlang.runtime.quant.native import KIND_Q4_K, KIND_Q5, KIND_Q6_K, QMatmulLibrary, QWeight
 
@@ -39,6 +40,27 @@ def _q6_halves(sc: torch.Tensor, inverse: bool) -> torch.Tensor:
     return sc.reshape(shape).transpose(2, 3).reshape(sc.shape).contiguous()
 
 
+def _q5_masks(qh: torch.Tensor) -> torch.Tensor:
+    """Q5_0 / Q5_1's bit 4, the file's ``qh`` ``[N, nb * 4]`` (bit j of a block's 4 bytes:
+    weight j), as panel.h's masks ``[P, nb, 8, 8]``: for the block's unpacked word-row kk
+    (weights 4 kk .. 4 kk + 3), 64 bits, bit 4 c + e of them weight 4 kk + e of panel row c."""
+    n = qh.shape[0]
+    bits = np.unpackbits(qh.numpy().reshape(n, -1, 4), axis=-1, bitorder="little")  # [N, nb, 32]
+    nb = bits.shape[1]
+    bits = np.concatenate([bits, np.zeros((-n % PANEL, nb, 32), np.uint8)])         # whole panels
+    panels = bits.reshape(-1, PANEL, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(-1, nb, 8, 64)
+    return torch.from_numpy(np.packbits(panels, axis=-1, bitorder="little"))         # [P, nb, 8, 8]
+
+
+def _q5_bits(masks: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """:func:`_q5_masks` back, for panel rows ``rows``: the file's ``qh`` ``[T, nb * 4]``."""
+    mine = masks[rows // PANEL].numpy()                      # [T, nb, 8, 8]: the rows' panels
+    bits = np.unpackbits(mine, axis=-1, bitorder="little").reshape(*mine.shape[:3], PANEL, 4)
+    bits = bits[np.arange(len(rows)), :, :, (rows % PANEL).numpy()]                   # [T, nb, 8, 4]
+    packed = np.packbits(bits.reshape(len(rows), -1, 32), axis=-1, bitorder="little")
+    return torch.from_numpy(np.ascontiguousarray(packed).reshape(len(rows), -1))
+
+
 class KBlockLinear(BlockLinear):
     """``y = x @ W.T (+ b)``, ``W`` a K-quant weight (module doc)."""
 
@@ -51,19 +73,23 @@ class KBlockLinear(BlockLinear):
                              f"{blocks.kind}, got {blocks.in_features}")
         self.lib, self.kind = lib, blocks.kind
         self.in_features, self.out_features = blocks.in_features, blocks.qs.shape[0]
-        # the AMX build keeps Q4_K and Q6_K in panels of 16 rows (avx512/panel.h): qs as Q4's
-        # (Q6_K: Q8's), the per-super-block d, dmin and the per-block sc, mn as panel_order'ed
-        # scales (Q6_K's sc a block's two halves, not a group's A then B halves)
-        self.panels = lib.isa.panels and blocks.kind in (KIND_Q4_K, KIND_Q6_K)
+        # the AMX build keeps Q4_K, Q6_K and Q5_0 / Q5_1 in panels of 16 rows (avx512/panel.h):
+        # qs as Q4's (Q6_K: Q8's), the per-super-block d, dmin and the per-block sc, mn (Q5: d,
+        # m) as panel_order'ed scales (Q6_K's sc a block's two halves, not a group's A then B
+        # halves; Q5's hb bit 4 as masks of the unpacked word-rows)
+        self.panels = lib.isa.panels and blocks.kind in (KIND_Q4_K, KIND_Q6_K, KIND_Q5)
         words = 8 if blocks.kind == KIND_Q6_K else 4
-        sc = blocks.sc
+        sc, hb = blocks.sc, blocks.hb
         if self.panels and blocks.kind == KIND_Q6_K:
             sc = _q6_halves(sc, inverse=False)
         for name, t, w in (("qs", blocks.qs, words), ("d", blocks.d, 0), ("sc", sc, 0),
-                           ("mn", blocks.mn, 0), ("hb", blocks.hb, 0), ("m", blocks.dmin, 0)):
+                           ("mn", blocks.mn, 0), ("m", blocks.dmin, 0)):
             if t is not None:
                 t = panel_order(t.contiguous(), w) if self.panels else t.contiguous()
             self.register_buffer(name, t)
+        if self.panels and hb is not None:
+            hb = _q5_masks(hb)
+        self.register_buffer("hb", None if hb is None else hb.contiguous())
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())
         self._qweight = None
 
@@ -81,8 +107,8 @@ class KBlockLinear(BlockLinear):
         sc = pick(self.sc)
         if self.kind == KIND_Q6_K:
             sc = _q6_halves(sc, inverse=True)
-        return KBlocks(self.kind, pick(self.qs), pick(self.d), pick(self.m), sc, pick(self.mn),
-                       pick(self.hb))
+        hb = None if self.hb is None else _q5_bits(self.hb, r)
+        return KBlocks(self.kind, pick(self.qs), pick(self.d), pick(self.m), sc, pick(self.mn), hb)
 
     @property
     def qweight(self) -> QWeight:

@@ -180,10 +180,11 @@ def test_an_amx_chain_mixes_panel_parts_and_k_quant_parts():
         assert torch.equal(chain(x), torch.cat([p(x) for p in parts], dim=1)), T
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q5_0", "Q5_1"])
 def test_amx_k_quant_panels_match_the_file_and_every_row_count(qtype):
-    """Q4_K / Q6_K kept in panels: the same weights as the AVX-512 build's layout (rows, bf16
-    dequantization), the one-row path's bits at every row count, and the float64 product."""
+    """Q4_K / Q6_K / Q5_0 / Q5_1 kept in panels: the same weights as the AVX-512 build's
+    layout (rows, bf16 dequantization), the one-row path's bits at every row count, and the
+    float64 product."""
     pytest.importorskip("gguf")
     from agentlang.runtime.quant.kblock_linear import KBlockLinear
     from agentlang.runtime.quant.kquant import split_kblocks
@@ -192,7 +193,8 @@ def test_amx_k_quant_panels_match_the_file_and_every_row_count(qtype):
     lib = amx_build()
     plain = native.build_library(native.ISAS[1])
     torch.manual_seed(3)
-    for N, K in ((40, 512), (21, 1024)):
+    shapes = [(40, 512), (21, 1024)] + ([(19, 576)] if qtype.startswith("Q5") else [])
+    for N, K in shapes:                          # Q5: 64-weight multiples, 576 as in SmolLM2
         raw, bias = random_blocks(qtype, N, K, seed=N), torch.randn(N)
         lin, ref = (KBlockLinear(lb, split_kblocks(raw, qtype), bias) for lb in (lib, plain))
         assert lin.panels and not ref.panels

@@ -29,7 +29,8 @@ static inline int agl_known_kind(int kind)
 
 static inline int agl_panel_kind(int kind)      /* kept in panels by the AMX build (panel.h) */
 {
-    return kind == AGL_Q4 || kind == AGL_Q8 || kind == AGL_Q4_K || kind == AGL_Q6_K;
+    return kind == AGL_Q4 || kind == AGL_Q5 || kind == AGL_Q8 || kind == AGL_Q4_K ||
+           kind == AGL_Q6_K;
 }
 
 static inline int agl_quant_bytes(int kind)     /* bytes of quants a 32-weight block */

@@ -55,9 +55,20 @@ static void panel_block_bytes(const agl_qweight *w, int64_t r, int64_t b, uint8_
         *d1 = half_to_float(w->d[sb]) * (float)sc[16];
     } else {
         *d0 = *d1 = half_to_float(w->d[at]);
-        if (w->kind == AGL_Q4)
-            *mn = w->m ? half_to_float(w->m[at]) : -8.0f * *d0;
+        if (w->kind == AGL_Q4 || w->kind == AGL_Q5)
+            *mn = w->m ? half_to_float(w->m[at]) : (w->kind == AGL_Q5 ? -16.0f : -8.0f) * *d0;
     }
+}
+
+/* Q5's bit 4 of row r's block b (panel.h's masks) as 32 bits: bit j for weight j */
+static uint32_t panel_q5_bits(const agl_qweight *w, int64_t r, int64_t b)
+{
+    const int64_t p = r / 16, c = r % 16;
+    const uint64_t *hb = (const uint64_t *)(w->hb + (p * w->kb + b) * 64);
+    uint32_t bits = 0;
+    for (int kk = 0; kk < 8; kk++)
+        bits |= (uint32_t)((hb[kk] >> (4 * c)) & 0xF) << (4 * kk);
+    return bits;
 }
 
 /* Row r of a weight in panels into out[k] */
@@ -69,11 +80,15 @@ static void dequant_panel_row(const agl_qweight *w, int64_t r, uint16_t *out)
         panel_block_bytes(w, r, b, bytes, &d0, &d1, &mn);
         __m128i v = _mm_loadu_si128((const __m128i *)bytes);
         if (agl_quant_bytes(w->kind) == 16) {        /* nibbles: weights i and i + 16 */
-            store_block_half(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))), d0, mn,
-                             out + b * QK);
-            store_block_half(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4),
-                                                                 _mm_set1_epi8(0x0F))),
-                             d1, mn, out + b * QK + 16);
+            __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F)));
+            __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F)));
+            if (w->kind == AGL_Q5) {                 /* + 16 where bit 4 is set */
+                const uint32_t bits = panel_q5_bits(w, r, b);
+                lo = _mm512_mask_add_epi32(lo, (__mmask16)bits, lo, _mm512_set1_epi32(16));
+                hi = _mm512_mask_add_epi32(hi, (__mmask16)(bits >> 16), hi, _mm512_set1_epi32(16));
+            }
+            store_block_half(lo, d0, mn, out + b * QK);
+            store_block_half(hi, d1, mn, out + b * QK + 16);
         } else {
             store_block_half(_mm512_cvtepi8_epi32(v), d0, 0.0f, out + b * QK);
             store_block_half(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(bytes + 16))),

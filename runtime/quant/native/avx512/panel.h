@@ -16,6 +16,8 @@
  *   Q4_K: qs as Q4 (kquant.h's low 4 bits, in Q4_1's order); d and dmin (m) float16
  *       [P, kb / 8, 16] a super-block; sc, mn uint8 [P, kb, 16] a block: its step d sc and
  *       min -dmin mn, both exact in float32
+ *   Q5 (Q5_0 / Q5_1): qs and d, m as Q4's (m NULL: Q5_0, -16 d); hb uint8 [P, kb, 8, 8]: bit
+ *       4 of the unpacked word-row kk as a 64-bit mask (bit 4 c + e: weight 4 kk + e of row c)
  *   Q6_K: qs as Q8 (kquant.h's q - 32, int8); d float16 [P, kb / 8, 16]; sc int8
  *       [P, kb, 2, 16], the steps d sc of a block's halves (words 0..3, 4..7), each half's sum
  *       kept apart (in the tiles: two products of K = 16)
@@ -115,10 +117,11 @@ static void quantize_panel_row(const float *x, int64_t nb, int64_t kb, uint8_t *
     }
 }
 
-/* The panel kinds (qmatmul.h's agl_panel_kind) with 4-bit quants: unsigned, with a min */
+/* The panel kinds (qmatmul.h's agl_panel_kind) stored as nibbles (Q5 with a bit 4 besides):
+ * unsigned quants, with a min */
 static inline int panel_nibbles(int kind)
 {
-    return kind == AGL_Q4 || kind == AGL_Q4_K;
+    return kind == AGL_Q4 || kind == AGL_Q4_K || kind == AGL_Q5;
 }
 
 /* Block b of panel p as 8 words-rows of int8 (a B tile): Q4 unpacked from its nibbles, Q8 read
@@ -133,6 +136,11 @@ panel_block(const agl_qweight *w, int64_t p, int64_t b, __m512i wv[8], __m512i w
             __m512i v = _mm512_loadu_si512(s + 64 * kk);
             wv[kk] = _mm512_and_si512(v, lo4);
             wv[kk + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+        }
+        if (w->kind == AGL_Q5) {            /* bit 4 */
+            const uint64_t *hb = (const uint64_t *)(w->hb + (p * w->kb + b) * 64);
+            for (int kk = 0; kk < 8; kk++)
+                wv[kk] = _mm512_mask_add_epi8(wv[kk], (__mmask64)hb[kk], wv[kk], _mm512_set1_epi8(16));
         }
     } else {
         const int8_t *s = (const int8_t *)w->qs + (p * w->kb + b) * 512;
@@ -167,9 +175,9 @@ static inline __m512 panel_steps(const agl_qweight *w, int64_t p, int64_t b, __m
         return _mm512_mul_ps(d, sc);
     }
     __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + at)));
-    if (w->kind == AGL_Q4)
+    if (w->kind == AGL_Q4 || w->kind == AGL_Q5)
         *mn = w->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + at)))
-                   : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+                   : _mm512_mul_ps(dw, _mm512_set1_ps(w->kind == AGL_Q5 ? -16.0f : -8.0f));
     return dw;
 }
 
