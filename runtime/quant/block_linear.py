@@ -161,6 +161,9 @@ class BlockLinear(nn.Module):
         return cls(lib, kind, k, qs.shape[0], qs, d, m, bias)
 
     def _row_ids(self, rows: torch.Tensor | slice) -> torch.Tensor:
+        """``rows`` as int64 ids (a tensor of ids, non-negative, as it is; a slice expanded)."""
+        if isinstance(rows, torch.Tensor):
+            return rows.long().reshape(-1)
         return torch.arange(self.out_features)[rows]
 
     def _scales(self, t: torch.Tensor, rows: torch.Tensor | slice) -> torch.Tensor:

@@ -3,8 +3,8 @@ native matmul (the builds with K-quant kernels: ``Isa.kquants``).
 
 :class:`KBlockLinear` keeps one Q4_K / Q5_K / Q6_K weight as :class:`~agentlang.runtime.quant.kquant.KBlocks`
 (the file's values, repacked: ``runtime/quant/native/avx2/kquant.h``; memory in
-:mod:`~agentlang.runtime.quant.kquant`; with the AMX build, Q4_K and Q6_K in that build's
-panels of 16 rows: ``avx512/panel.h``), and Q5_0 / Q5_1 blocks the same way. :class:`ChainLinear` is one
+:mod:`~agentlang.runtime.quant.kquant`; with the AMX build, Q4_K, Q6_K and Q5_0 / Q5_1 in
+that build's panels of 16 rows: ``avx512/panel.h``), and Q5_0 / Q5_1 blocks the same way. :class:`ChainLinear` is one
 fused linear whose row parts have different kinds — a Q4_K_M file stores ``attn_v`` of some
 layers in Q6_K beside Q4_K ``attn_q`` / ``attn_k`` — as a chain of native weights that one call
 multiplies (the activations quantized once, each part filling its own output columns).

@@ -160,7 +160,7 @@ def test_both_builds_multiply_k_quants_alike_where_both_run():
 
 
 def test_an_amx_chain_mixes_panel_parts_and_k_quant_parts():
-    """A chain of a K-quant part (qmatmul.c's layout) and Q8_0 / Q4_1 parts (panels): each
+    """A chain of a Q5_K part (qmatmul.c's layout) and Q4_K / Q8_0 / Q4_1 parts (panels): each
     part's columns are the part's own product, alone or chained, at any row count."""
     gguf = pytest.importorskip("gguf")
     from agentlang.runtime.quant.kblock_linear import ChainLinear, KBlockLinear
@@ -170,7 +170,9 @@ def test_an_amx_chain_mixes_panel_parts_and_k_quant_parts():
 
     lib = amx_build()
     torch.manual_seed(2)
-    parts = [KBlockLinear(lib, split_kblocks(random_blocks("Q4_K", 40, 512, 1), "Q4_K"))]
+    parts = [KBlockLinear(lib, split_kblocks(random_blocks(t, 40, 512, 1), t))
+             for t in ("Q5_K", "Q4_K")]
+    assert [p.panels for p in parts] == [False, True]
     for qtype, n in (("Q8_0", 24), ("Q4_1", 33)):
         raw = gguf.quants.quantize(torch.randn(n, 512).numpy(), gguf.GGMLQuantizationType[qtype])
         parts.append(block_linear(lib, [(raw, qtype)]))

@@ -1,4 +1,4 @@
-/* The AMX build's Q4 / Q8 / Q4_K / Q6_K matmul (qmatmul.c includes it with -DAGL_AMX, the kinds
+/* The AMX build's Q4 / Q5 / Q8 / Q4_K / Q6_K matmul (qmatmul.c includes it with -DAGL_AMX, the kinds
  * of qmatmul.h's agl_panel_kind): weights in panels of
  * 16 output rows, multiplied by AMX tiles (TDPBSSD / TDPBUSD) when a call has AMX_ROWS rows or
  * more and by AVX-512 VNNI with one weight row a lane below that (or where Linux refuses the
