@@ -24,7 +24,8 @@
  * computes each output with exactly the row kernel's operations) or on the threads (OpenMP,
  * the runtime torch uses too, splits the output columns). A group's integer sum stays below
  * 2^24 for Q4 (exact in float32); for Q8 it may reach 2^25 (one rounding, relative 2^-24).
- * The AMX build (-DAGL_AMX) keeps Q4 and Q8 in panels and multiplies them by panel.h.
+ * The AMX build (-DAGL_AMX) keeps the kinds of qmatmul.h's agl_panel_kind in panels and
+ * multiplies them by panel.h.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -35,7 +36,7 @@
 #include "qmatmul.h"
 #include "kgroups.h"
 #ifdef AGL_AMX
-#include "panel.h"      /* the AMX build: Q4 and Q8 weights in panels (its own layout) */
+#include "panel.h"      /* the AMX build: its panel kinds in panels (its own layout) */
 #endif
 
 #define QK 32
@@ -418,7 +419,7 @@ static void weight_matmul(const agl_qweight *w, const qact *a, int64_t M, int64_
     }
 }
 
-/* 1 where w's layout is panel.h's (the AMX build's Q4 and Q8), else 0 */
+/* 1 where w's layout is panel.h's (the AMX build's panel kinds), else 0 */
 static inline int in_panels(const agl_qweight *w)
 {
 #ifdef AGL_AMX
