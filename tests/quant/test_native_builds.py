@@ -212,3 +212,29 @@ def test_amx_k_quant_panels_match_the_file_and_every_row_count(qtype):
         expected = x.double() @ lin.dequantize().double().T + lin.bias.double()
         assert ((y.double() - expected).norm() / expected.norm()).item() < 1e-4
         assert ((y - ref(x)).norm() / y.norm()).item() < 1e-6
+
+
+def test_a_build_that_cannot_run_gives_way_to_the_next(cpu, monkeypatch, caplog):
+    """The AMX build failing to compile, or Linux refusing its tiles, leaves the AVX-512 one;
+    the last build failing leaves none, with the failure as the reason."""
+    import subprocess
+
+    class Lib:
+        def __init__(self, isa):
+            self.isa = isa
+
+        def amx_ready(self):
+            return False                                   # the tiles refused
+
+    def build(isa):
+        if isa.name == "avx2":
+            raise subprocess.CalledProcessError(1, "cc", stderr="no compiler for this")
+        return Lib(isa)
+
+    monkeypatch.setattr(native, "build_library", build)
+    cpu(AMX)
+    assert native.qmatmul_library.__wrapped__().isa.name == "avx512"
+    cpu(AVX2_ONLY)
+    with caplog.at_level("INFO", logger=native.__name__):
+        assert native.qmatmul_library.__wrapped__() is None
+    assert "unavailable (build failed: no compiler for this)" in caplog.text

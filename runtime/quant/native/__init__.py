@@ -95,22 +95,22 @@ _log = logging.getLogger(__name__)
 
 @functools.cache
 def qmatmul_library() -> QMatmulLibrary | None:
-    """The library, built if needed, or None where it cannot run here (reason logged)."""
+    """The library, built if needed, or None where it cannot run here (reason logged). A build
+    that fails to compile, or whose AMX tiles Linux refuses, gives way to the next one the CPU
+    runs (unless ``AGENTLANG_NATIVE`` named it)."""
     isa, reason = chosen_isa()
     while isa is not None:
         try:
             lib = build_library(isa)
+            if not isa.panels or lib.amx_ready():
+                return lib
+            reason = "Linux refused the AMX tile permission"
         except subprocess.CalledProcessError as e:
             reason = f"build failed: {e.stderr.strip()[-400:]}"
-            break
         except OSError as e:
             reason = f"build failed: {e}"
-            break
-        if not isa.panels or lib.amx_ready():
-            return lib
-        _log.info("the %s build needs the AMX tile permission, which Linux refused: "
-                  "taking the next build", isa.name)
-        isa, reason = chosen_isa(after=isa)
+        _log.info("the %s build cannot run (%s): taking the next build", isa.name, reason)
+        isa, _ = chosen_isa(after=isa)             # none left: the failure is the reason
     _log.info("native quantized matmul unavailable (%s): using torch's int4/int8 kernels", reason)
     return None
 
