@@ -62,6 +62,12 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
  * and rounded to nearest even (dequant.c). */
 void agl_dequant_bf16(const agl_qweight *w, int64_t r0, int64_t r1, uint16_t *out, int nthreads);
 
+#ifdef AGL_AMX
+/* The same for a weight of agl_panel_kind in the AMX build's panels (avx512/panel.h) */
+void agl_panel_dequant_bf16(const agl_qweight *w, int64_t r0, int64_t r1, uint16_t *out,
+                            int nthreads);
+#endif
+
 /* In place: each row of s [rows, L] (float32, or bfloat16 bits with bf16 = 1) becomes its
  * softmax of scale * s; lse[r] = its log-sum-exp (softmax.c). */
 void agl_softmax_lse(void *s, int bf16, int64_t rows, int64_t L, float scale, float *lse,

@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "qmatmul.h"
+#include "vecmath.h"
 
 #define PN 16            /* weight rows a panel: the lanes of an accumulator */
 #define PBLK 64          /* activation bytes a block: h[32], l[32] */
@@ -152,12 +153,14 @@ panel_block(const agl_qweight *w, int64_t p, int64_t b, __m512i wv[8], __m512i w
     }
 }
 
-/* Block b's steps of panel p's rows (16 floats) and its min (Q4_1 m, Q4_0 -8 d, Q4_K
- * -dmin mn; Q8, Q6_K: unset); Q6_K: the first half's step, the second's at *step1 */
+/* Block b's steps of panel p's rows (16 floats): the first half's, returned, and the second
+ * half's at *step1 (Q6_K its own, the other kinds the same); its min at *mn (Q4_1 m, Q4_0
+ * -8 d, Q5_0 -16 d, Q4_K -dmin mn; 0 for Q8 and Q6_K) */
 static inline __m512 panel_steps(const agl_qweight *w, int64_t p, int64_t b, __m512 *mn,
                                  __m512 *step1)
 {
     const int64_t at = (p * w->kb + b) * PN;
+    *mn = _mm512_setzero_ps();
     if (w->kind == AGL_Q6_K) {
         const int64_t sb = (p * (w->kb >> 3) + (b >> 3)) * PN;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + sb)));
@@ -172,13 +175,13 @@ static inline __m512 panel_steps(const agl_qweight *w, int64_t p, int64_t b, __m
         const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->sc + at))));
         const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->mn + at))));
         *mn = _mm512_xor_ps(_mm512_mul_ps(dmin, m), _mm512_set1_ps(-0.0f));
-        return _mm512_mul_ps(d, sc);
+        return *step1 = _mm512_mul_ps(d, sc);
     }
     __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + at)));
     if (w->kind == AGL_Q4 || w->kind == AGL_Q5)
         *mn = w->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + at)))
                    : _mm512_mul_ps(dw, _mm512_set1_ps(w->kind == AGL_Q5 ? -16.0f : -8.0f));
-    return dw;
+    return *step1 = dw;
 }
 
 /* The exact sum over words kk0..kk0+3 (a half block) or 0..7 (n) of one activation row's
@@ -236,7 +239,7 @@ panel_rows_vnni(const agl_qweight *w, const pact *a, int64_t p, int64_t m, int m
         acc[i] = accm[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < kb; b++) {
         __m512i wv[8], wq[8];
-        __m512 mn = _mm512_setzero_ps(), dw1;
+        __m512 mn, dw1;
         panel_prefetch(w, p * kb + b);
         panel_block(w, p, b, wv, wq);
         const __m512 dw = panel_steps(w, p, b, &mn, &dw1);
@@ -455,6 +458,47 @@ static int panel_matmul(const agl_qweight *w, const pact *a, int64_t M, float *y
         free(mins);
     }
     return fail ? -1 : 0;
+}
+
+/* Rows r0..r1-1 of a panel weight as bfloat16 bits at out (rows of k), for the bf16-GEMM path:
+ * each panel block unpacked once for its rows (panel_block, panel_steps), each weight
+ * fma(q, step, min) in float32 (exact but for that one rounding: the value the other builds'
+ * dequant.c give), then rounded to the nearest bfloat16, ties to even. */
+static void panel_dequant_bf16(const agl_qweight *w, int64_t r0, int64_t r1, uint16_t *out,
+                               int nthreads)
+{
+    const int64_t nb = w->k / 32, p0 = r0 / PN, p1 = (r1 + PN - 1) / PN;
+    const int sig = !panel_nibbles(w->kind);            /* signed quants: Q8, Q6_K */
+    const __m256i word = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112);   /* 64 bytes apart */
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t c0 = r0 > p * PN ? r0 - p * PN : 0;
+        const int64_t c1 = r1 < (p + 1) * PN ? r1 - p * PN : PN;
+        for (int64_t b = 0; b < nb; b++) {
+            __m512i wv[8], wq[8];
+            __m512 mn, dw1;
+            panel_block(w, p, b, wv, wq);
+            const __m512 dw = panel_steps(w, p, b, &mn, &dw1);
+            int32_t words[8][PN];                       /* row c's word kk at [kk][c] */
+            float s0[PN], s1[PN], m[PN];
+            for (int kk = 0; kk < 8; kk++)
+                _mm512_storeu_si512(words[kk], wv[kk]);
+            _mm512_storeu_ps(s0, dw);
+            _mm512_storeu_ps(s1, dw1);
+            _mm512_storeu_ps(m, mn);
+            for (int64_t c = c0; c < c1; c++) {        /* weights 0..15, then 16..31 */
+                const __m256i q8 = _mm256_i32gather_epi32(&words[0][c], word, 4);
+                const __m128i lo = _mm256_castsi256_si128(q8), hi = _mm256_extracti128_si256(q8, 1);
+                const __m512i q0 = sig ? _mm512_cvtepi8_epi32(lo) : _mm512_cvtepu8_epi32(lo);
+                const __m512i q1 = sig ? _mm512_cvtepi8_epi32(hi) : _mm512_cvtepu8_epi32(hi);
+                uint16_t *o = out + (p * PN + c - r0) * w->k + b * 32;
+                _mm256_storeu_si256((__m256i *)o, to_bf16(_mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(q0), _mm512_set1_ps(s0[c]), _mm512_set1_ps(m[c]))));
+                _mm256_storeu_si256((__m256i *)(o + 16), to_bf16(_mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(q1), _mm512_set1_ps(s1[c]), _mm512_set1_ps(m[c]))));
+            }
+        }
+    }
 }
 
 #endif

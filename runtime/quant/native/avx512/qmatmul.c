@@ -431,6 +431,13 @@ static inline int in_panels(const agl_qweight *w)
 }
 
 #ifdef AGL_AMX
+/* Rows r0..r1-1 of a weight in panels as bfloat16 (dequant.c's agl_dequant_bf16 for them) */
+void agl_panel_dequant_bf16(const agl_qweight *w, int64_t r0, int64_t r1, uint16_t *out,
+                            int nthreads)
+{
+    panel_dequant_bf16(w, r0, r1, out, nthreads);
+}
+
 /* 1 where this process may run AMX tiles (the build is usable), else 0 */
 int agl_amx_ready(void)
 {
