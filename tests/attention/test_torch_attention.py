@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agentlang.kernels import extend_attention_ref
-from agentlang.runtime.attention import cascade
+from agentlang.runtime.attention import cascade, torch_backend
 from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
 from agentlang.runtime.attention.forward_batch import build_forward_batch
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
@@ -37,12 +37,15 @@ def rel(a, b):
     return ((a.double() - b).norm() / b.norm()).item()
 
 
-@pytest.mark.parametrize("causal_block", [128, 3])
-def test_extend_groups_match_the_reference(monkeypatch, causal_block):
+@pytest.mark.parametrize("causal_block,native", [(128, True), (128, False), (3, False)])
+def test_extend_groups_match_the_reference(monkeypatch, causal_block, native):
     """Two groups sharing 3 and 5 cached pages (members of different new/own lengths, so
     several buckets), a sequence sharing pages with none, a fresh one and two decodes; the
-    ungrouped ones in one causal block or in blocks of 3 queries."""
+    ungrouped ones as decode rows of the native kernel, or in torch's causal blocks (one
+    block, or blocks of 3 queries)."""
     monkeypatch.setattr(cascade, "CAUSAL_BLOCK", causal_block)
+    if not native:
+        monkeypatch.setattr(torch_backend, "qmatmul_library", lambda: None)
     rng = random.Random(1)
     free = list(range(20, 96))
     rng.shuffle(free)
@@ -63,6 +66,11 @@ def test_extend_groups_match_the_reference(monkeypatch, causal_block):
     assert rel(out, ref) < 1e-6
     groups = batch.memo["torch.extend_groups"]
     assert sorted(sorted(g.rows) for g in groups) == [[0, 1, 2, 3], [4, 5]]
+    short = batch.memo.get("torch.short_extends")
+    if native and torch_backend.qmatmul_library() is not None:
+        assert short.members == {6, 7}         # the two decodes run as a decode batch
+    else:
+        assert short is None
     assert [len(g.buckets) for g in sorted(groups, key=lambda g: g.rows[0])] == [3, 2]
 
 
@@ -109,3 +117,26 @@ def test_native_softmax_with_lse_against_float64(native_lib, dtype, rows, L):
     assert (lse.double() - lse_ref).abs().max().item() < 1e-5
     with pytest.raises(ValueError, match="contiguous float32 or bfloat16"):
         lib.softmax_lse_(torch.zeros(4, 8).t(), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_short_extend_gives_each_token_its_one_token_decode(dtype):
+    """A 6-token extend (a draft being verified) beside a long prefill: each of its tokens gets
+    bit for bit the attention a decode step at that position gives; the long one takes torch's
+    causal blocks and still matches the reference."""
+    if torch_backend.qmatmul_library() is None:
+        pytest.skip("the native library does not run on this CPU")
+    pool = filled_pool(dtype)
+    q = torch.randn(6 + 80, HQ, D, generator=torch.Generator().manual_seed(5)).to(dtype)
+    short_table, long_table = list(range(1, 5)), list(range(10, 31))
+    out, ref, batch = attend(pool, [6, 80], [9, 0], [short_table, long_table], q)
+    assert batch.memo["torch.short_extends"].members == {0}
+    assert rel(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
+    for j in range(6):
+        one, _, _ = attend(pool, [1], [9 + j], [short_table], q[j:j + 1])
+        assert torch.equal(out[j], one[0]), f"token {j}"
+
+
+def test_worth_rows_keeps_long_contexts_on_the_matmul_path():
+    assert torch_backend.worth_rows(16, 80) and torch_backend.worth_rows(2, 1024)
+    assert not torch_backend.worth_rows(33, 1024) and not torch_backend.worth_rows(64, 600)
