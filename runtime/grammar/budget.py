@@ -7,7 +7,8 @@ caller accepted into the matcher, :meth:`BudgetGuard.settle` keeps that invarian
 
 * the token is the plan's next token → the plan shrinks by one (no search);
 * otherwise a new plan is searched from the new state; if it fits in the tokens left after
-  this one, it replaces the plan;
+  this one, it replaces the plan (with room to spare, a quick completion will do: the
+  shortest one is searched only when the quick one does not fit);
 * if it does not fit (or none is found), the token is rolled back out of the matcher and the
   old plan's next token is used instead (a *forced* token; an empty old plan forces a stop
   token: the output is already a complete match).
@@ -88,7 +89,7 @@ class BudgetGuard:
         if self.plan and token == self.plan[0]:
             self.plan = self.plan[1:]
             return Settled(token, False)
-        found = self._search.search(matcher).tokens
+        found = self._search.search(matcher, fits=left).tokens
         if found is not None and len(found) <= left:
             self.plan = found
             return Settled(token, False)

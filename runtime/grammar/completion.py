@@ -121,7 +121,8 @@ class ShortestCompletion:
         self.closers = tuple(ids for ids in map(self._byte_split, closers) if ids is not None)
         self.max_nodes = max_nodes
         self.bfs_nodes = bfs_nodes
-        self._memo: dict[object, bytes] = {}
+        self._memo: dict[object, bytes] = {}       # state key -> shortest completion found
+        self._quick: dict[object, bytes] = {}      # state key -> a quick completion
         self._start: SearchResult | None = None
         self._scratch = threading.local()   # per-thread mask row: the engine loop searches
                                             # while a server thread checks a new request
@@ -133,15 +134,32 @@ class ShortestCompletion:
             self._start = self.search(new_matcher())
         return self._start
 
-    def search(self, matcher: GrammarMatcher) -> SearchResult:
-        """A verified shortest completion from ``matcher``'s state (state unchanged)."""
+    def search(self, matcher: GrammarMatcher, fits: int | None = None) -> SearchResult:
+        """A verified shortest completion from ``matcher``'s state (state unchanged).
+
+        ``fits``: the caller only needs *a* completion of at most ``fits`` tokens. Then a
+        state never seen before first gets the quick depth-first completion, and the
+        shortest-first search (hundreds of matcher steps) runs only when that one does not
+        fit; a quick completion is remembered apart from the shortest ones (a later caller
+        with less room must not take it for the shortest)."""
         key = matcher.state_key()
         text = self._memo.get(key)
         if text is not None:
             tokens = self._verified(matcher, text)
             if tokens is not None:
                 return SearchResult(tokens, False)
+        if fits is not None:
+            text = self._quick.get(key)
+            tokens = None if text is None else self._verified(matcher, text)
+            if tokens is not None and len(tokens) <= fits:
+                return SearchResult(tokens, False)
         bound = self._closing_first(matcher, merge_runs=True)
+        if fits is not None and bound is not None:
+            tokens = self._verified(matcher, bound)
+            if tokens is not None:
+                self._quick[key] = bound
+                if len(tokens) <= fits:
+                    return SearchResult(tokens, False)
         found, exhausted = self._bfs(matcher, None if bound is None else len(bound))
         found = found if found is not None else bound
         if found is None and matcher.parser_items() is not None:
