@@ -232,8 +232,9 @@ def _dead_rows(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) 
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return []
-    idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    none_left = torch.isneginf(logits.index_select(0, idx)).all(dim=-1).tolist()   # [R]
+    picked = logits if len(rows) == logits.shape[0] else logits.index_select(
+        0, torch.tensor(rows, dtype=torch.long, device=logits.device))
+    none_left = (picked.amax(dim=-1) == float("-inf")).tolist()          # [R]: one pass a row
     return [i for i, d in zip(rows, none_left) if d]
 
 

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from agentlang.runtime.quant.native import qmatmul_library
 from agentlang.runtime.sampling.params import SamplingParams
 
 
@@ -105,12 +106,24 @@ def choose_tokens(logits: torch.Tensor, specs: Sequence[RowSpec]) -> list[int]:
         if s.params.greedy:
             continue
         row = logits[i]
+        native = qmatmul_library() if unfiltered(s.params) and row.device.type == "cpu" else None
+        if native is not None and row.dtype == torch.float32 and row.is_contiguous():
+            u = torch.rand((), generator=s.generator, dtype=torch.float32)   # draw()'s number
+            tokens[i] = native.sample_row(row, s.params.temperature, float(u))
+            continue
         probs = torch.softmax((row - row.max()) / s.params.temperature, dim=-1)
         probs = filter_probs(probs, s.params)
         if s.generator is not None:  # a seeded generator lives on the CPU: sample there
             probs = probs.to(s.generator.device)
         tokens[i] = draw(probs, s.generator)
     return tokens
+
+
+def unfiltered(p: SamplingParams) -> bool:
+    """Whether ``p`` samples from the whole softmax (no top-k, top-p or min-p): such a row is
+    drawn in one native call where the library runs (``sample.c``, the same inversion of the
+    running sum as :func:`draw`, from the same one number of the generator)."""
+    return p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:

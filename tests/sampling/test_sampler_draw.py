@@ -2,6 +2,7 @@
 given, never a token of probability 0, the same token from the same generator state, and
 greedy ties to the lowest id."""
 
+import pytest
 import torch
 
 from agentlang.runtime import SamplingParams
@@ -47,3 +48,51 @@ def test_greedy_ties_go_to_the_lowest_id():
     logits = torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.5, 0.5, 0.5, 0.5]]).to(torch.bfloat16)
     p = SamplingParams(temperature=0)
     assert choose_tokens(logits, [RowSpec(p), RowSpec(p)]) == [1, 0]
+
+
+def test_the_native_draw_matches_the_torch_draw(native_lib):
+    """sample.c inverts the same running sum at the same number as :func:`draw`: the same
+    token for almost every u (a u within rounding of a boundary may differ), never a masked
+    token, the chi-square fit of the distribution; every logit at -inf is refused."""
+    torch.manual_seed(0)
+    logits = torch.randn(5000) * 3
+    logits[::7] = float("-inf")                                    # a grammar's mask
+    probs = torch.softmax(logits / 0.7, -1)
+    gen = torch.Generator().manual_seed(2)
+    us = torch.rand(3000, generator=gen)
+    same = 0
+    picks = []
+    for u in us.tolist():
+        tok = native_lib.sample_row(logits, 0.7, u)
+        assert logits[tok] != float("-inf")
+        cum = probs.cumsum(0)
+        ref = int(torch.searchsorted(cum, u * cum[-1], right=True))
+        same += tok == min(ref, 4999)
+        picks.append(tok)
+    assert same >= 2990
+    top = probs.topk(5).indices
+    counts = torch.tensor([sum(p == t for p in picks) for t in top.tolist()], dtype=torch.float64)
+    expected = probs[top].double() * len(picks)
+    assert float(((counts - expected) ** 2 / expected).sum()) < 20.5    # 5 dof, p = 0.001
+    with pytest.raises(ValueError, match="-inf"):
+        native_lib.sample_row(torch.full((100,), float("-inf")), 1.0, 0.5)
+    only = torch.full((3000,), float("-inf"))
+    only[2999] = 0.0
+    assert native_lib.sample_row(only, 0.5, 0.999999) == 2999
+
+
+def test_unfiltered_rows_take_the_native_draw_with_the_same_generator_use():
+    """Rows without top-k/p/min-p: the same seed gives the same tokens run after run, and the
+    generator advances by one number a row either way (later draws stay in step)."""
+    torch.manual_seed(1)
+    logits = torch.randn(3, 2000)
+    p = SamplingParams(temperature=0.9, seed=3)
+    gens = [torch.Generator().manual_seed(3) for _ in range(2)]
+    a = [choose_tokens(logits.clone(), [RowSpec(p, gens[0])])[0] for _ in range(5)]
+    b = [choose_tokens(logits.clone(), [RowSpec(p, gens[1])])[0] for _ in range(5)]
+    assert a == b
+    assert torch.equal(gens[0].get_state(), gens[1].get_state())
+    ref = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        torch.rand((), generator=ref)
+    assert torch.equal(gens[0].get_state(), ref.get_state())

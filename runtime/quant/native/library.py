@@ -77,7 +77,8 @@ class QMatmulLibrary:
         self._softmax.restype = None
         self._softmax.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
-
+        self._sample = self.entry("agl_sample_row", ctypes.c_int64, ctypes.c_void_p,
+                                  ctypes.c_int64, ctypes.c_float, ctypes.c_double)
 
     def amx_ready(self) -> bool:
         """Whether this process may run the build's AMX tiles (``agl_amx_ready``: asks Linux
@@ -143,6 +144,24 @@ class QMatmulLibrary:
         if rc != 0:
             raise MemoryError("paged_decode: no memory for the scores")
         return out, lse
+
+    def sample_row(self, logits: torch.Tensor, temperature: float, u: float) -> int:
+        """The token of ``softmax(logits / temperature)`` at uniform number ``u`` in [0, 1)
+        (``sample.c``: the inverse of the running sum; a -inf logit is never drawn).
+        logits: float32 ``[V]``, contiguous, on the CPU; ``ValueError`` when every logit is
+        -inf."""
+        if logits.dtype != torch.float32 or logits.dim() != 1 or not logits.is_contiguous():
+            raise ValueError(f"logits must be contiguous float32 [V], got {logits.dtype} "
+                             f"{tuple(logits.shape)}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        tok = self._sample(logits.data_ptr(), logits.shape[0], temperature, u)
+        if tok == -1:
+            raise ValueError("every logit is -inf: no token can be drawn")
+        if tok < 0:
+            raise ValueError(f"sample_row: a vocabulary of {logits.shape[0]} tokens is beyond "
+                             "the 4M sample.c takes")
+        return tok
 
     def softmax_lse_(self, s: torch.Tensor, scale: float) -> torch.Tensor:
         """In place: the last dim of ``s`` (float32 or bfloat16, contiguous, on the CPU) becomes

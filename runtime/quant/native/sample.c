@@ -1,0 +1,99 @@
+/* One token drawn from softmax(logits / T) of one vocabulary row, for
+ * runtime/sampling/sampler.py (rows without top-k / top-p / min-p).
+ *
+ * torch's way is five passes and as many temporaries (max, subtract-and-divide, softmax,
+ * renormalize, running sum) before the search; here:
+ *
+ *   pass 1  m = max_i x_i
+ *   pass 2  e_i = exp((x_i - m) / T) into a scratch row, and the sum of each block of BLOCK
+ *   pass 3  target = u * sum(blocks, in block order); whole blocks are skipped while their
+ *           running total stays <= target, then the block that crosses it is walked token by
+ *           token: the first i with running sum > target is the token.
+ *
+ * A token at -inf (masked by a grammar, banned) is never drawn: it is skipped in the walk
+ * (vecmath.h's e^x floors at e^-88, not 0). If rounding leaves the walk short of the target,
+ * the last token not at -inf is taken. The result depends only on the row, T and u: not on
+ * the thread count (one thread) or the other rows.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "qmatmul.h"
+#include "vecmath.h"
+
+#define BLOCK 1024
+#define MAX_BLOCKS 4096                  /* vocabularies up to 4M tokens */
+
+/* e[j - s] = exp((x_j - m) / T) for the block [s, end), vectorized as in every pass; returns
+ * the block's sum */
+static float block_exp(const float *x, int64_t s, int64_t end, float m, float inv, float *e)
+{
+    const vf vm = vf_set1(m), vinv = vf_set1(inv);
+    vf acc = vf_zero();
+    int64_t j = s;
+    for (; j + VL <= end; j += VL) {
+        const vf v = vf_exp(vf_mul(vf_sub(vf_load(x + j), vm), vinv));
+        vf_store(e + (j - s), v);
+        acc = vf_add(acc, v);
+    }
+    float sum = vf_sum(acc);
+    for (; j < end; j++) {
+        e[j - s] = expf((x[j] - m) * inv);
+        sum += e[j - s];
+    }
+    return sum;
+}
+
+/* x: [V] float32 logits (-inf allowed); t > 0; u in [0, 1). Returns the token, -1 when every
+ * logit is -inf, -2 when V is beyond MAX_BLOCKS blocks. No heap memory: the crossing block's
+ * exponentials are computed again, by the same code, into a stack row. */
+int64_t agl_sample_row(const float *x, int64_t V, float t, double u)
+{
+    const int64_t nb = (V + BLOCK - 1) / BLOCK;
+    if (nb > MAX_BLOCKS)
+        return -2;
+    vf vm = vf_set1(-INFINITY);
+    int64_t i = 0;
+    for (; i + VL <= V; i += VL)
+        vm = vf_max(vm, vf_load(x + i));
+    float m = -INFINITY;
+    {
+        float lanes[VL];
+        vf_store(lanes, vm);
+        for (int l = 0; l < VL; l++)
+            m = lanes[l] > m ? lanes[l] : m;
+    }
+    for (; i < V; i++)
+        m = x[i] > m ? x[i] : m;
+    if (m == -INFINITY)
+        return -1;
+    const float inv = 1.0f / t;
+    float e[BLOCK], sums[MAX_BLOCKS];
+    double z = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t s = b * BLOCK, end = s + BLOCK < V ? s + BLOCK : V;
+        sums[b] = block_exp(x, s, end, m, inv, e);
+        z += sums[b];
+    }
+    const double target = u * z;
+    double run = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        if (run + sums[b] <= target) {
+            run += sums[b];
+            continue;
+        }
+        const int64_t s = b * BLOCK, end = s + BLOCK < V ? s + BLOCK : V;
+        block_exp(x, s, end, m, inv, e);
+        for (int64_t j = s; j < end; j++) {
+            if (x[j] == -INFINITY)
+                continue;
+            run += e[j - s];
+            if (run > target)
+                return j;
+        }
+    }
+    for (int64_t j = V - 1; j >= 0; j--)
+        if (x[j] != -INFINITY)
+            return j;
+    return -1;
+}
