@@ -107,14 +107,27 @@ def start_agentlang(dtype: str, weights: str, args) -> Server:
     return launch(f"agentlang ({dtype}, {weights})", cmd, port, "default", cwd=ROOT)
 
 
-def start_vllm(hf_dir: Path, args) -> Server:
+def vllm_model_dir() -> Path:
+    """The embedded model as a Hugging Face folder vLLM loads (decoded once from the GGUF)."""
+    from agentlang.runtime.weights.model_loader import resolve_model
+
+    hf_dir = resolve_model("default", "dense").path
+    if not (hf_dir / "model.safetensors").exists():
+        from agentlang.runtime import Engine
+        Engine("default", weights="dense").shutdown()
+    return hf_dir
+
+
+def start_vllm(hf_dir: Path, args, dev: bool = False) -> Server:
+    """vLLM's OpenAI server on ``hf_dir`` (``dev``: with its development routes, e.g.
+    ``POST /reset_prefix_cache``)."""
     port = free_port()
     cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir),
            "--served-model-name", "default", "--host", "127.0.0.1", "--port", str(port),
            "--dtype", args.vllm_dtype, "--enable-prefix-caching", "--max-num-seqs", "64",
            "--max-num-batched-tokens", "2048", "--max-model-len", "2048"]
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-           "VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib)}
+           "VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib), **({"VLLM_SERVER_DEV_MODE": "1"} if dev else {})}
     return launch("vLLM CPU", cmd, port, "default", env)
 
 
@@ -309,10 +322,7 @@ def main() -> None:
     from agentlang.runtime.weights.model_loader import resolve_model
 
     gguf = resolve_model("default", "auto").path
-    hf_dir = resolve_model("default", "dense").path
-    if not (hf_dir / "model.safetensors").exists():      # decoded once, for vLLM
-        from agentlang.runtime import Engine
-        Engine("default", weights="dense").shutdown()
+    hf_dir = vllm_model_dir()
     tok = AutoTokenizer.from_pretrained(hf_dir)
     starts = [lambda w=w: start_agentlang(args.dtype, w, args) for w in args.weights]
     if "vllm" in args.peers:

@@ -9,6 +9,15 @@ programs, every generation a separate blocking call (one at a time) on an engine
 prefix cache off — what a hand-written loop over a completion API does.
 
     python bench/programs.py [--quick] [--dtype float32]
+
+``--vs vllm`` (issue 29) instead runs the same programs with fixed-length generations
+(``ignore_eos``, no stop strings: both sides generate the same number of tokens) against two
+servers, one at a time: ``agentlang serve`` through ``RuntimeEndpoint`` and vLLM's CPU server
+(``bench/install_peers.sh vllm``) through ``al.OpenAI(api="completions")``, the prompts
+rendered with the same chat template, both in ``--dtype`` (bf16 by default), each server's
+prefix cache emptied before every timed round; medians of ``--rounds``:
+
+    python bench/programs.py --vs vllm [--rounds 3] [--weights dense]
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ COUNTRIES = ["Romania", "Bulgaria", "Croatia", "Serbia", "Slovakia", "Slovenia",
 
 
 @al.function
-def tree_of_thought(s, problem, depth=3, width=3, tokens=12):
+def tree_of_thought(s, problem, depth=3, width=3, tokens=12, end="\n"):
     s += al.user(problem)
     s += al.assistant_begin()
     frontier = [s]
@@ -58,7 +67,7 @@ def tree_of_thought(s, problem, depth=3, width=3, tokens=12):
         for node in frontier:
             forks = node.fork(width)
             forks += lambda i: f"\nIdea {level + 1}.{i + 1}:"
-            forks += al.gen(f"idea{level}", max_tokens=tokens, stop="\n")
+            forks += al.gen(f"idea{level}", max_tokens=tokens, stop=end)
             nxt.extend(forks)
         frontier = nxt
     for node in frontier:
@@ -67,9 +76,9 @@ def tree_of_thought(s, problem, depth=3, width=3, tokens=12):
 
 
 @al.function
-def few_shot(s, country, tokens=8):
+def few_shot(s, country, tokens=8, end="\n"):
     s += FEW_SHOT + f"Question: What is the capital of {country}?\nAnswer:"
-    s += al.gen("answer", max_tokens=tokens, stop="\n")
+    s += al.gen("answer", max_tokens=tokens, stop=end)
 
 
 class Sequential(Backend):
@@ -117,15 +126,127 @@ def hit_rate(backend: Backend, before: dict) -> float:
     return (m["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]) / q if q else 0.0
 
 
+def generated_tokens(url: str, metric: str) -> float:
+    """The sum of a Prometheus counter's series (``metric``, any labels) at ``url/metrics``."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(metric) and line[len(metric)] in " {")
+
+
+def fixed_cases(depth: int, questions: list[str]) -> list[tuple[str, str, int, Any]]:
+    """(name, workload, tokens it generates, run(backend)): the programs with fixed-length
+    generations (no stop string, ``ignore_eos``), greedy."""
+    gens = sum(3 ** (level + 1) for level in range(depth))
+    return [
+        ("tree_of_thought", f"{depth} levels x 3 branches, {gens} gens of 12 tokens", gens * 12,
+         lambda b: tree_of_thought.run(problem=PROBLEM, depth=depth, end=None, temperature=0,
+                                       ignore_eos=True, backend=b)),
+        ("few_shot_batch", f"{len(questions)} questions of 8 tokens, run_batch",
+         len(questions) * 8,
+         lambda b: few_shot.run_batch([{"country": c, "end": None} for c in questions],
+                                      temperature=0, ignore_eos=True, backend=b)),
+    ]
+
+
+class FixedLength(al.RuntimeEndpoint):
+    """``RuntimeEndpoint`` whose chat template stops no generation (its end-of-turn string
+    would end a fixed-length gen early even with ``ignore_eos``); the vLLM side gets the same
+    template."""
+
+    def chat_template(self):
+        import dataclasses
+
+        return dataclasses.replace(super().chat_template(), stop_str=())
+
+
+def versus_vllm(args, depth: int, questions: list[str]) -> dict:
+    """The fixed-length programs on ``agentlang serve`` and on vLLM, one server at a time."""
+    import statistics
+    from types import SimpleNamespace
+
+    import httpx
+
+    from bench.peers import VLLM_PY, start_agentlang, start_vllm, vllm_model_dir
+    from bench.serve import stop_server
+
+    if not VLLM_PY.exists():
+        sys.exit("vLLM is not installed: run bench/install_peers.sh vllm first")
+    cases = fixed_cases(depth, questions)
+    conf = SimpleNamespace(kv_budget_mb=1024, vllm_dtype=args.dtype, vllm_kv_gib=4)
+    sides = {}
+    template = None
+    for side in ("agentlang", "vllm"):
+        server = (start_agentlang(args.dtype, args.weights, conf) if side == "agentlang"
+                  else start_vllm(vllm_model_dir(), conf, dev=True))
+        try:
+            if side == "agentlang":
+                backend = FixedLength(server.url)
+                template = backend.chat_template()
+                flush, metric = "/flush_cache", "agentlang_generation_tokens_total"
+            else:
+                backend = al.OpenAI("default", base_url=server.url + "/v1", api="completions",
+                                    chat_template=template, extended_sampling=True)
+                flush, metric = "/reset_prefix_cache", "vllm:generation_tokens_total"
+            out = {}
+            for name, workload, tokens, run in cases:
+                run(backend)                                              # warm-up
+                times, made = [], []
+                for _ in range(args.rounds):
+                    httpx.post(server.url + flush, timeout=60).raise_for_status()
+                    before = generated_tokens(server.url, metric)
+                    t, _ = timed(lambda: run(backend))
+                    times.append(t)
+                    made.append(generated_tokens(server.url, metric) - before)
+                out[name] = {"workload": workload, "wall_s": statistics.median(times),
+                             "rounds_s": times, "generated_tokens": made,
+                             "expected_tokens": tokens}
+                print(f"  {server.name:28s} {name:16s} {statistics.median(times):6.2f} s "
+                      f"(rounds {', '.join(f'{x:.2f}' for x in times)}; tokens {made[0]:.0f} "
+                      f"of {tokens})", flush=True)
+            sides[side] = out
+        finally:
+            stop_server(server.proc)
+    runs = []
+    for name, workload, tokens, _ in cases:
+        a, v = sides["agentlang"][name], sides["vllm"][name]
+        runs.append({"program": name, "workload": workload, "agentlang_s": a["wall_s"],
+                     "vllm_s": v["wall_s"], "speedup_vs_vllm": v["wall_s"] / a["wall_s"],
+                     "agentlang": a, "vllm": v})
+        print(f"{name:16s} agentlang {a['wall_s']:6.2f}s  vLLM {v['wall_s']:6.2f}s  "
+              f"→ {v['wall_s'] / a['wall_s']:4.2f}× vLLM's speed", flush=True)
+    return {"runs": runs, "settings": {
+        "agentlang": f"agentlang serve --dtype {args.dtype} --weights {args.weights}, "
+                     "RuntimeEndpoint", "vllm": f"vLLM CPU 0.32.0, {args.dtype}, prefix caching, "
+                     "64 seqs, 2048 batched tokens, both cores bound, KV 4 GiB; "
+                     "al.OpenAI(api='completions', extended_sampling=True)"}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="depth 2 and 8 questions")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    ap.add_argument("--out", help="JSON output (default: bench/results/programs.json; "
-                    "a --quick run: a temporary directory)")
+    ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                    help="default: float32 (naive baseline), bfloat16 (--vs vllm)")
+    ap.add_argument("--vs", choices=("naive", "vllm"), default="naive",
+                    help="the baseline: naive sequential calls (default) or vLLM's server")
+    ap.add_argument("--weights", default="dense", choices=("dense", "auto"),
+                    help="agentlang serve's weights with --vs vllm")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds a side (--vs vllm)")
+    ap.add_argument("--out", help="JSON output (default: bench/results/programs.json, "
+                    "programs_vllm.json with --vs vllm; a --quick run: a temporary directory)")
     args = ap.parse_args()
     depth = 2 if args.quick else 3
+    if args.vs == "vllm":
+        args.dtype = args.dtype or "bfloat16"
+        questions = COUNTRIES[: 8 if args.quick else 32]
+        results = {"machine": "2-core x86_64 CPU, 24 GiB", "model": "SmolLM2-135M-Instruct",
+                   "dtype": args.dtype, "command": "python bench/programs.py " +
+                   " ".join(sys.argv[1:]), **versus_vllm(args, depth, questions)}
+        print(f"wrote {write_results('programs_vllm', results, args.out, args.quick)}")
+        return
+    args.dtype = args.dtype or "float32"
     questions = COUNTRIES[: 8 if args.quick else 32]
     fast = al.Runtime(dtype=args.dtype, kv_budget_mb=1024)
     naive = Sequential(al.Runtime(dtype=args.dtype, kv_budget_mb=1024,

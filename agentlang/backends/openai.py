@@ -7,6 +7,11 @@ cannot honour raise ``UnsupportedFeatureError``: regex, grammar, typed gens, sto
 top_k/min_p/min_tokens/ignore_eos/repetition_penalty, prefix caching, and ``select`` unless
 the server returns prompt logprobs (completions API with ``echo=True``). ``json_schema``
 becomes ``response_format`` (chat API only).
+
+``extended_sampling=True`` says the server takes the sampling fields vLLM and SGLang add to
+both APIs (``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``, ``repetition_penalty``):
+they are then sent as extra body fields instead of raising (what a fixed-length benchmark
+needs: ``ignore_eos``). The official OpenAI service rejects them.
 """
 
 from __future__ import annotations
@@ -22,10 +27,15 @@ from agentlang.chat_template import ChatTemplate, chatml
 from agentlang.sampling import SamplingOptions
 
 
+# vLLM's / SGLang's sampling fields and the values that mean "not asked for"
+EXTENDED = {"top_k": (None, 0, -1), "min_p": (None, 0.0), "min_tokens": (None, 0),
+            "ignore_eos": (None, False), "repetition_penalty": (None, 1.0)}
+
+
 class OpenAI(Backend):
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None, *,
                  api: str = "chat", chat_template: ChatTemplate | None = None,
-                 client: Any = None):
+                 client: Any = None, extended_sampling: bool = False):
         if api not in ("chat", "completions"):
             raise ValueError(f"api must be 'chat' or 'completions', got {api!r}")
         if not isinstance(model, str) or not model:
@@ -40,7 +50,7 @@ class OpenAI(Backend):
         self.capabilities = Capabilities(
             regex=False, json_schema=chat, grammar=False, value_type=False, logprobs=True,
             score=not chat, prefix_cache=False, stream=True, stop_token_ids=False,
-            extended_sampling=False, text_prompt=not chat, priority=False)
+            extended_sampling=bool(extended_sampling), text_prompt=not chat, priority=False)
         template = chat_template or chatml()
         self._template = dataclasses.replace(template, stop_str=()) if chat else template
 
@@ -57,6 +67,10 @@ class OpenAI(Backend):
                 args[name] = getattr(opts, name)
         if opts.stop:
             args["stop"] = list(opts.stop)
+        extra = {name: getattr(opts, name) for name, unset in EXTENDED.items()
+                 if getattr(opts, name) not in unset}
+        if extra:                                   # check() let them through: the server takes them
+            args["extra_body"] = extra
         if self.api == "completions":
             args["prompt"] = prompt.text
             if opts.logprobs is not None:

@@ -284,12 +284,12 @@ def openai_handler(log, logprobs=True):
     return handle
 
 
-def make_openai(log, api="chat", logprobs=True):
+def make_openai(log, api="chat", logprobs=True, **kw):
     import openai
 
     client = openai.OpenAI(api_key="x", base_url="http://fake/v1", http_client=httpx.Client(
         transport=httpx.MockTransport(openai_handler(log, logprobs))))
-    return al.OpenAI("m", api=api, client=client)
+    return al.OpenAI("m", api=api, client=client, **kw)
 
 
 def test_openai_chat_messages_and_response_format():
@@ -334,6 +334,32 @@ def test_openai_unsupported_features_raise(expr, match):
 
     with pytest.raises(UnsupportedFeatureError, match=match):
         prog.run(backend=make_openai([]))
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_openai_extended_sampling_goes_in_the_body(api):
+    """A server with vLLM's / SGLang's sampling fields (``extended_sampling=True``): they are
+    sent as body fields (only those set; top_k 1 and min_tokens 1 included), not refused."""
+    log = []
+    backend = make_openai(log, api=api, extended_sampling=True)
+
+    @al.function
+    def prog(s):
+        s += al.user("Hi") + al.assistant(al.gen("x", max_tokens=6, ignore_eos=True, top_k=1,
+                                                 min_tokens=1, repetition_penalty=1.1))
+
+    prog.run(backend=backend)
+    body = log[-1][1]
+    assert body["ignore_eos"] is True and body["top_k"] == 1 and body["min_tokens"] == 1
+    assert body["repetition_penalty"] == 1.1 and "min_p" not in body
+    prog.run(backend=backend, ignore_eos=False)
+    assert log[-1][1]["ignore_eos"] is True                # the gen's own setting wins
+    @al.function
+    def fixed(s):
+        s += al.user("Hi") + al.assistant(al.gen("x", max_tokens=6, ignore_eos=True))
+
+    with pytest.raises(UnsupportedFeatureError, match="cannot honour ignore_eos"):
+        fixed.run(backend=make_openai([], api=api))         # a plain OpenAI server
 
 
 def test_openai_chat_needs_a_fresh_assistant_turn():
