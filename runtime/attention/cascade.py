@@ -137,14 +137,17 @@ class ExtendGroup:
 
 
 def extend_plan(page_table: torch.Tensor, starts: list[int], seq_lens: list[int],
-                prefix_lens: list[int], rows: list[int], page_size: int, group_size: int
-                ) -> tuple[ExtendGroup, ...]:
-    """Groups among extend rows ``rows`` whose cached prefixes begin with the same pages.
+                prefix_lens: list[int], rows: list[int], page_size: int, group_size: int,
+                min_keys: int = 0) -> tuple[ExtendGroup, ...]:
+    """Groups among extend rows ``rows`` whose cached prefixes begin with the same pages (and
+    ``min_keys`` shared keys over the members' new tokens: see
+    :func:`~agentlang.runtime.attention.decode_plan.cascade_min_keys`).
 
     page_table: [B, max_pages]; starts: [B + 1] query-token offsets; group_size: G query heads a
     KV head. A row in no group is left to the caller."""
     table = page_table[rows].long()
-    shared, groups = shared_prefix_groups(table, [prefix_lens[b] + 1 for b in rows], page_size)
+    shared, groups = shared_prefix_groups(table, [prefix_lens[b] + 1 for b in rows], page_size,
+                                          min_keys, [seq_lens[b] - prefix_lens[b] for b in rows])
     plans = []
     for members, n_shared in groups:
         by_shape: dict[tuple[int, int], list[int]] = {}

@@ -31,7 +31,7 @@ import torch
 from agentlang.runtime.attention.cascade import (attend_lse, attend_shared, causal_attend,
                                                  causal_tail, extend_group, extend_plan, kv_of,
                                                  merge_lse)
-from agentlang.runtime.attention.decode_plan import DecodePlan, decode_plan
+from agentlang.runtime.attention.decode_plan import DecodePlan, cascade_min_keys, decode_plan
 from agentlang.runtime.attention.forward_batch import ForwardBatch
 from agentlang.runtime.attention.window import windowed_attend
 from agentlang.runtime.cache.kv_pool import KVPool
@@ -108,9 +108,10 @@ class TorchAttentionBackend:
         if window or softcap:
             return windowed_attend(q, pool, layer, batch, scale, window, softcap)
         seq_lens = batch.seq_lens_list
+        min_keys = cascade_min_keys(q.dtype, native_decode(q, pool) is not None)
         if batch.is_decode:
             plan = batch.cached("torch.decode", lambda: decode_plan(batch.page_table, seq_lens,
-                                                                    pool.page_size))
+                                                                    pool.page_size, min_keys))
             return self._decode(q, pool, layer, plan, scale)
         out = torch.empty_like(q)
         starts = batch.q_start_loc.tolist()
@@ -119,14 +120,15 @@ class TorchAttentionBackend:
         if len(singles) > 1:   # the decodes of a mixed step still run as one batch
             rows = [starts[b] for b in singles]
             plan = batch.cached("torch.decode_singles", lambda: decode_plan(
-                batch.page_table[singles], [seq_lens[b] for b in singles], pool.page_size))
+                batch.page_table[singles], [seq_lens[b] for b in singles], pool.page_size,
+                min_keys))
             out[rows] = self._decode(q[rows], pool, layer, plan, scale)
         else:
             singles = []
         rest = sorted(set(range(batch.batch_size)) - set(singles))
         groups = batch.cached("torch.extend_groups", lambda: extend_plan(
             batch.page_table, starts, seq_lens, batch.prefix_lens_list, rest, pool.page_size,
-            q.shape[1] // pool.layout.num_kv_heads))
+            q.shape[1] // pool.layout.num_kv_heads, min_keys))
         for g in groups:
             extend_group(q, out, pool, layer, g, scale)
         grouped = {b for g in groups for b in g.rows}

@@ -8,9 +8,10 @@ instead, with the same arithmetic in float32 (see the C file).
 It serves a step when (:meth:`NativeDecoder.serves`): every sequence appends at most
 :data:`MAX_ROWS` tokens (a decode, a speculative or jump-forward verify, a short uncached
 tail), the attention backend is torch's (CPU), the KV pool stores float32 unquantized, and no
-sequences share leading pages (the torch backend reads a shared prefix once for the whole
-group — cascade attention — where this path would read it once per sequence); otherwise the
-model's layers run as usual. A sequence appending ``n`` tokens runs as ``n`` rows, row ``j``
+sequences share enough leading pages for a cascade group to pay (the torch backend reads a
+long prefix shared by many sequences once for the whole group — cascade attention — where
+this path reads it once per sequence; :func:`~agentlang.runtime.attention.decode_plan.cascade_min_keys`);
+otherwise the model's layers run as usual. A sequence appending ``n`` tokens runs as ``n`` rows, row ``j``
 attending to its first ``prefix + j + 1`` positions through the sequence's page table (every
 row's K/V is stored before any row attends): each row gets exactly the arithmetic of a decode
 step at its position, so verifying a draft gives the logits one-token steps would give,
@@ -26,7 +27,8 @@ import ctypes
 
 import torch
 
-from agentlang.runtime.attention.decode_plan import decode_plan, shared_prefix_groups
+from agentlang.runtime.attention.decode_plan import (cascade_min_keys, decode_plan,
+                                                     shared_prefix_groups)
 from agentlang.runtime.quant.block_linear import BlockLinear
 from agentlang.runtime.attention.forward_batch import ForwardBatch
 from agentlang.runtime.cache.kv_pool import KVPool
@@ -117,12 +119,13 @@ class NativeDecoder:
             return False
         if batch.batch_size == 1:
             return True
+        min_keys = cascade_min_keys(torch.float32, True)      # as the backend plans it
         if batch.is_decode:
             plan = batch.cached("torch.decode", lambda: decode_plan(     # the backend's key
-                batch.page_table, batch.seq_lens_list, pool.page_size))
+                batch.page_table, batch.seq_lens_list, pool.page_size, min_keys))
             return not plan.groups
         return not shared_prefix_groups(batch.page_table, batch.seq_lens_list,
-                                        pool.page_size)[1]
+                                        pool.page_size, min_keys, batch.extend_lens_list)[1]
 
     def step(self, batch: ForwardBatch, pool: KVPool, rope: tuple[torch.Tensor, torch.Tensor],
              local: tuple[torch.Tensor, torch.Tensor] | None = None) -> "NativeStep":

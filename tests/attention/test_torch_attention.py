@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agentlang.kernels import extend_attention_ref
-from agentlang.runtime.attention import cascade, torch_backend
+from agentlang.runtime.attention import cascade, decode_plan, torch_backend
 from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
 from agentlang.runtime.attention.forward_batch import build_forward_batch
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
@@ -44,6 +44,7 @@ def test_extend_groups_match_the_reference(monkeypatch, causal_block, native):
     ungrouped ones as decode rows of the native kernel, or in torch's causal blocks (one
     block, or blocks of 3 queries)."""
     monkeypatch.setattr(cascade, "CAUSAL_BLOCK", causal_block)
+    monkeypatch.setattr(decode_plan, "CASCADE_MIN_KEYS", {})    # every group pays here
     if not native:
         monkeypatch.setattr(torch_backend, "qmatmul_library", lambda: None)
     rng = random.Random(1)
@@ -87,7 +88,8 @@ def test_extend_group_chunks_its_queries(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_cascade_matches_the_reference(dtype):
+def test_decode_cascade_matches_the_reference(monkeypatch, dtype):
+    monkeypatch.setattr(decode_plan, "CASCADE_MIN_KEYS", {})    # every group pays here
     shared = list(range(1, 7))
     lens = [26, 29, 31, 25]
     tables = [shared + [30 + 3 * i, 31 + 3 * i, 32 + 3 * i] for i in range(4)] + [[60, 61, 62]]
@@ -140,3 +142,22 @@ def test_a_short_extend_gives_each_token_its_one_token_decode(dtype):
 def test_worth_rows_keeps_long_contexts_on_the_matmul_path():
     assert torch_backend.worth_rows(16, 80) and torch_backend.worth_rows(2, 1024)
     assert not torch_backend.worth_rows(33, 1024) and not torch_backend.worth_rows(64, 600)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_group_too_small_to_pay_runs_as_rows(monkeypatch, dtype):
+    """Where the native kernel reads pages in place, a shared prefix too short (or shared by
+    too few) for a cascade to pay is read by each row; enough shared keys make the group.
+    Both match the reference."""
+    if torch_backend.qmatmul_library() is None:
+        pytest.skip("the native library does not run on this CPU")
+    shared = list(range(1, 7))                                   # 24 shared keys
+    tables = [shared + [30 + 3 * i, 31 + 3 * i, 32 + 3 * i] for i in range(4)]
+    q = torch.randn(4, HQ, D, generator=torch.Generator().manual_seed(6)).to(dtype)
+    pool = filled_pool(dtype)
+    for limit, groups in ((4 * 24 + 1, 0), (4 * 24, 1)):
+        monkeypatch.setattr(decode_plan, "CASCADE_MIN_KEYS", {dtype: limit})
+        out, ref, batch = attend(pool, [1] * 4, [26, 29, 31, 25], tables, q)
+        assert len(batch.memo["torch.decode"].groups) == groups
+        assert rel(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
+    assert decode_plan.cascade_min_keys(dtype, native=False) == 0   # torch's buckets: always

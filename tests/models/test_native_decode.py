@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from agentlang.runtime.attention import decode_plan
 from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
 from agentlang.runtime.attention.forward_batch import build_forward_batch
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
@@ -85,7 +86,8 @@ def test_a_sequence_decodes_the_same_alone_and_batched(tmp_path, tokenizer_field
         assert torch.equal(alone[0], together[b])
 
 
-def test_steps_it_does_not_serve_run_the_torch_layers(tmp_path, tokenizer_fields, lib):
+def test_steps_it_does_not_serve_run_the_torch_layers(tmp_path, tokenizer_fields, lib,
+                                                     monkeypatch):
     path = write_gguf(tmp_path / "m.gguf", tokenizer_fields, "Q4_1")
     model = load_gguf_model(path, "auto", torch.float32)
     dec = model.native_decoder
@@ -100,6 +102,9 @@ def test_steps_it_does_not_serve_run_the_torch_layers(tmp_path, tokenizer_fields
     int8 = KVPool(KVLayout(model.config.num_layers, model.config.num_kv_heads,
                            model.config.head_dim, torch.float32, "int8"), PS, num_pages=8)
     assert not dec.serves(step, int8, TorchAttentionBackend())              # quantized pool
+    shared = build_forward_batch([[1]] * 2, [9, 10], [tables[1][:3], tables[1][:3]], PS)
+    assert dec.serves(shared, pool, TorchAttentionBackend())   # too few shared keys to cascade
+    monkeypatch.setattr(decode_plan, "CASCADE_MIN_KEYS", {})   # any shared pages: a cascade
     shared = build_forward_batch([[1]] * 2, [9, 10], [tables[1][:3], tables[1][:3]], PS)
     assert not dec.serves(shared, pool, TorchAttentionBackend())   # shared pages: cascade path
     assert load_gguf_model(path, "auto", torch.bfloat16).native_decoder is None
