@@ -52,18 +52,37 @@ def test_paged_decode_against_float64(native_lib, dtype, S, Hkv, G, D):
     assert (lse.double() - ref_lse).abs().max().item() < 1e-5 * ref_lse.abs().max().item() + 1e-5
 
 
-def test_a_rows_result_does_not_depend_on_the_batch(native_lib):
-    """float32: each row alone gives the bits it gets among others (the invariance the engine's
-    greedy outputs rest on)."""
-    k, v = pool_tensors(40, 16, 3, 64, torch.float32, seed=1)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_result_does_not_depend_on_the_batch(native_lib, dtype):
+    """Each row alone gives the bits it gets among others (the invariance the engine's greedy
+    outputs rest on); bf16 runs the vdpbf16ps scores where the CPU has them."""
+    k, v = pool_tensors(40, 16, 3, 64, dtype, seed=1)
     g = torch.Generator().manual_seed(2)
     lens = torch.tensor([300, 17, 64, 1, 150])
     pages = torch.stack([torch.randperm(40, generator=g)[:20] for _ in lens])
-    q = torch.randn(len(lens), 9, 64, generator=g)
+    q = torch.randn(len(lens), 9, 64, generator=g).to(dtype)
     out, lse = native_lib.paged_decode(q, k, v, pages, lens, 0.125)
     for b in range(len(lens)):
         o1, l1 = native_lib.paged_decode(q[b:b + 1], k, v, pages[b:b + 1], lens[b:b + 1], 0.125)
         assert torch.equal(o1[0], out[b]) and torch.equal(l1[0], lse[b])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_page_size_does_not_change_a_bit(native_lib, dtype):
+    """The same 203 keys in pages of 16, 4 and 1 (blocks of 16 keys cut differently): the same
+    bits out."""
+    g = torch.Generator().manual_seed(9)
+    keys, vals = (torch.randn(208, 2, 64, generator=g).to(dtype) for _ in range(2))   # [T, Hkv, D]
+    q = torch.randn(1, 6, 64, generator=g).to(dtype)
+    outs = []
+    for S in (16, 4, 1):
+        n = 208 // S
+        order = torch.randperm(n, generator=g)                  # page i holds block order[i]
+        k, v = torch.empty(n, S, 2, 64, dtype=dtype), torch.empty(n, S, 2, 64, dtype=dtype)
+        k[order], v[order] = keys.view(n, S, 2, 64), vals.view(n, S, 2, 64)
+        outs.append(native_lib.paged_decode(q, k, v, order[None], torch.tensor([203]), 0.125))
+    for o, l in outs[1:]:
+        assert torch.equal(o, outs[0][0]) and torch.equal(l, outs[0][1])
 
 
 def test_paged_decode_rejects_what_it_cannot_take(native_lib):
