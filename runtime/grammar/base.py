@@ -32,7 +32,8 @@ from agentlang.runtime.grammar.constraints import Constraint
 from agentlang.runtime.grammar.vocab import TokenVocab
 
 if TYPE_CHECKING:
-    from agentlang.runtime.grammar.completion import ShortestCompletion, TokenTable
+    from agentlang.runtime.grammar.completion import ShortestCompletion
+    from agentlang.runtime.grammar.token_table import TokenTable
 
 BACKENDS = ("xgrammar", "outlines")
 

@@ -25,7 +25,8 @@ import json
 import torch
 
 from agentlang.runtime.grammar.base import BitmaskKernel, CompiledGrammar, GrammarBackend, GrammarMatcher
-from agentlang.runtime.grammar.completion import ShortestCompletion, TokenTable
+from agentlang.runtime.grammar.completion import ShortestCompletion
+from agentlang.runtime.grammar.token_table import TokenTable
 from agentlang.runtime.grammar.constraints import Constraint
 from agentlang.runtime.grammar.schema_support import check_schema_support
 from agentlang.runtime.grammar.schema_unroll import bound_recursion

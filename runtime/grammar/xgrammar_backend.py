@@ -22,7 +22,8 @@ from agentlang.runtime.grammar.base import (
     bitmask_width,
     ids_to_bitmask_row,
 )
-from agentlang.runtime.grammar.completion import ShortestCompletion, TokenTable
+from agentlang.runtime.grammar.completion import ShortestCompletion
+from agentlang.runtime.grammar.token_table import TokenTable
 from agentlang.runtime.grammar.constraints import TOOL_CALL_TRIGGER, Constraint
 from agentlang.runtime.grammar.lark_ebnf import lark_to_ebnf
 from agentlang.runtime.grammar.regex_ebnf import ebnf_string
