@@ -174,7 +174,7 @@ def versus_vllm(args, depth: int, questions: list[str]) -> dict:
     if not VLLM_PY.exists():
         sys.exit("vLLM is not installed: run bench/install_peers.sh vllm first")
     cases = fixed_cases(depth, questions)
-    conf = SimpleNamespace(kv_budget_mb=1024, vllm_dtype=args.dtype, vllm_kv_gib=4)
+    conf = SimpleNamespace(kv_budget_mb=1024, vllm_dtype=args.vllm_dtype, vllm_kv_gib=4)
     sides = {}
     template = None
     for side in ("agentlang", "vllm"):
@@ -218,7 +218,7 @@ def versus_vllm(args, depth: int, questions: list[str]) -> dict:
               f"→ {v['wall_s'] / a['wall_s']:4.2f}× vLLM's speed", flush=True)
     return {"runs": runs, "settings": {
         "agentlang": f"agentlang serve --dtype {args.dtype} --weights {args.weights}, "
-                     "RuntimeEndpoint", "vllm": f"vLLM CPU 0.32.0, {args.dtype}, prefix caching, "
+                     "RuntimeEndpoint", "vllm": f"vLLM CPU 0.32.0, {args.vllm_dtype}, prefix caching, "
                      "64 seqs, 2048 batched tokens, both cores bound, KV 4 GiB; "
                      "al.OpenAI(api='completions', extended_sampling=True)"}}
 
@@ -234,6 +234,8 @@ def main() -> None:
     ap.add_argument("--weights", default="dense", choices=("dense", "auto"),
                     help="agentlang serve's weights with --vs vllm")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds a side (--vs vllm)")
+    ap.add_argument("--vllm-dtype", default="bfloat16", choices=("float32", "bfloat16"),
+                    help="vLLM's dtype (--vs vllm; default bf16, its fastest on CPU)")
     ap.add_argument("--out", help="JSON output (default: bench/results/programs.json, "
                     "programs_vllm.json with --vs vllm; a --quick run: a temporary directory)")
     args = ap.parse_args()
@@ -242,7 +244,7 @@ def main() -> None:
         args.dtype = args.dtype or "bfloat16"
         questions = COUNTRIES[: 8 if args.quick else 32]
         results = {"machine": "2-core x86_64 CPU, 24 GiB", "model": "SmolLM2-135M-Instruct",
-                   "dtype": args.dtype, "command": "python bench/programs.py " +
+                   "dtype": args.dtype, "vllm_dtype": args.vllm_dtype, "command": "python bench/programs.py " +
                    " ".join(sys.argv[1:]), **versus_vllm(args, depth, questions)}
         print(f"wrote {write_results('programs_vllm', results, args.out, args.quick)}")
         return
