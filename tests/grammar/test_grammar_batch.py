@@ -252,3 +252,29 @@ def test_split_fill_then_apply(compiled):
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == m.allowed_token_ids()
     with pytest.raises(ValueError, match="logits must be"):
         apply_grammar_bitmask(torch.randn(3, V), filled)
+
+
+@pytest.mark.parametrize("V", [49152, 1000, 37])
+def test_native_bitmask_kernel_matches_the_reference(native_lib, V):
+    """sample.c's mask kernel against the plain-torch reference and xgrammar's CPU kernel: every
+    row or some rows, logits wider than the vocabulary (the tail left alone), masks with all,
+    none and random bits allowed."""
+    import xgrammar as xgr
+
+    from agentlang.runtime.grammar.base import torch_bitmask_kernel
+
+    g = torch.Generator().manual_seed(V)
+    W = (V + 31) // 32
+    mask = torch.randint(-2 ** 31, 2 ** 31 - 1, (4, W), dtype=torch.int32, generator=g)
+    mask[1] = -1                                                    # everything allowed
+    mask[2] = 0                                                     # nothing allowed
+    logits = torch.randn(4, V + 7, generator=g)
+    for rows in (None, [0, 2, 3]):
+        ref, ours, theirs = logits.clone(), logits.clone(), logits.clone()
+        torch_bitmask_kernel(ref, mask, V, rows)
+        native_lib.apply_bitmask(ours, mask, V, rows)
+        xgr.apply_token_bitmask_inplace(theirs, mask, vocab_size=V, indices=rows)
+        assert torch.equal(ours, ref) and torch.equal(theirs, ref)
+        assert torch.equal(ours[:, V:], logits[:, V:])
+    with pytest.raises(ValueError, match="int32"):
+        native_lib.apply_bitmask(logits.to(torch.bfloat16), mask, V, None)

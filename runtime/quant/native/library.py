@@ -5,6 +5,7 @@ of its entry points) and the structures its entry points take (``QWeight``: ``ag
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,6 +80,9 @@ class QMatmulLibrary:
                                   ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
         self._sample = self.entry("agl_sample_row", ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_float, ctypes.c_double)
+        self._bitmask = self.entry("agl_apply_bitmask", None, ctypes.c_void_p, ctypes.c_int64,
+                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                   ctypes.c_int64, ctypes.c_int64)
 
     def amx_ready(self) -> bool:
         """Whether this process may run the build's AMX tiles (``agl_amx_ready``: asks Linux
@@ -162,6 +166,22 @@ class QMatmulLibrary:
             raise ValueError(f"sample_row: a vocabulary of {logits.shape[0]} tokens is beyond "
                              "the 4M sample.c takes")
         return tok
+
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int,
+                      rows: Sequence[int] | None) -> None:
+        """A grammar :data:`~agentlang.runtime.grammar.base.BitmaskKernel` (``sample.c``): in
+        ``rows`` (all when None) of ``logits [N, V' >= V]`` (float32, CPU, unit stride within a
+        row), the tokens ``< vocab_size`` whose bit is 0 in ``bitmask [>= N, ceil(V/32)]``
+        (int32, contiguous) become -inf, in place."""
+        if (logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1
+                or bitmask.dtype != torch.int32 or not bitmask.is_contiguous()
+                or bitmask.shape[1] * 32 < vocab_size or logits.shape[1] < vocab_size):
+            raise ValueError("apply_bitmask: float32 logits [N, V'] (rows of unit stride) and a "
+                             "contiguous int32 bitmask [N, ceil(V/32)]")
+        idx = None if rows is None else torch.tensor(list(rows), dtype=torch.int64)
+        n = logits.shape[0] if idx is None else idx.numel()
+        self._bitmask(logits.data_ptr(), logits.stride(0), bitmask.data_ptr(), bitmask.shape[1],
+                      None if idx is None else idx.data_ptr(), n, vocab_size)
 
     def softmax_lse_(self, s: torch.Tensor, scale: float) -> torch.Tensor:
         """In place: the last dim of ``s`` (float32 or bfloat16, contiguous, on the CPU) becomes

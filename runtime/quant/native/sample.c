@@ -102,3 +102,34 @@ int64_t agl_sample_row(const float *x, int64_t V, float t, double u)
             return j;
     return -1;
 }
+
+/* Grammar masks: in each row r of rows (nrows of them; every row when rows is NULL), the
+ * logits of the tokens whose bit is 0 in mask row r become -inf. logits: float32 rows `stride`
+ * floats apart; mask: int32 rows `mstride` words apart, bit t % 32 of word t / 32 for token t;
+ * tokens from V on are left alone. The same result as xgrammar's CPU kernel (~100 us a row at
+ * 49k tokens there; one pass over the mask here, a masked store per 16 tokens). */
+void agl_apply_bitmask(float *logits, int64_t stride, const int32_t *mask, int64_t mstride,
+                       const int64_t *rows, int64_t nrows, int64_t V)
+{
+    const int64_t words = (V + 31) / 32;
+    for (int64_t i = 0; i < nrows; i++) {
+        const int64_t r = rows ? rows[i] : i;
+        float *x = logits + r * stride;
+        const uint32_t *m = (const uint32_t *)mask + r * mstride;
+        for (int64_t w = 0; w < words; w++) {
+            uint32_t off = ~m[w];
+            if (!off)
+                continue;
+            const int64_t t0 = w * 32;
+            if (V - t0 < 32)
+                off &= (1u << (V - t0)) - 1u;                /* tokens past V: not ours */
+#if VL == 16
+            _mm512_mask_storeu_ps(x + t0, (__mmask16)(off & 0xFFFFu), _mm512_set1_ps(-INFINITY));
+            _mm512_mask_storeu_ps(x + t0 + 16, (__mmask16)(off >> 16), _mm512_set1_ps(-INFINITY));
+#else
+            for (; off; off &= off - 1u)
+                x[t0 + __builtin_ctz(off)] = -INFINITY;
+#endif
+        }
+    }
+}
