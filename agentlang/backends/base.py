@@ -85,6 +85,18 @@ class Capabilities:
     tool_calls: bool = False          # a family's call constraint (the in-process runtime)
 
 
+# The sampling fields vLLM and SGLang add to the OpenAI API, and the values that mean "not
+# asked for" (a backend without ``Capabilities.extended_sampling`` refuses the others)
+EXTENDED_SAMPLING = {"top_k": (None, 0, -1), "min_p": (None, 0.0), "min_tokens": (None, 0),
+                     "ignore_eos": (None, False), "repetition_penalty": (None, 1.0)}
+
+
+def extended_fields(opts: SamplingOptions) -> dict[str, Any]:
+    """The :data:`EXTENDED_SAMPLING` fields ``opts`` asks for, by name, in that order."""
+    return {name: getattr(opts, name) for name, unset in EXTENDED_SAMPLING.items()
+            if getattr(opts, name) not in unset}
+
+
 class Backend(ABC):
     """Base class; subclasses set ``capabilities`` and implement the abstract methods."""
 
@@ -169,12 +181,7 @@ class Backend(ABC):
             ("dtype (typed generation)", opts.value_type is not None, caps.value_type),
             ("return_logprob/top_logprobs_num", opts.logprobs is not None, caps.logprobs),
             ("stop_token_ids", bool(opts.stop_token_ids), caps.stop_token_ids),
-            ("top_k", opts.top_k not in (None, -1, 0), caps.extended_sampling),
-            ("min_p", opts.min_p not in (None, 0.0), caps.extended_sampling),
-            ("min_tokens", opts.min_tokens not in (None, 0), caps.extended_sampling),
-            ("ignore_eos", bool(opts.ignore_eos), caps.extended_sampling),
-            ("repetition_penalty", opts.repetition_penalty not in (None, 1.0),
-             caps.extended_sampling),
+            *((field, True, caps.extended_sampling) for field in extended_fields(opts)),
             ("priority", opts.priority is not None, caps.priority),
         ]
         for feature, requested, supported in wanted:

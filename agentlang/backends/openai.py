@@ -22,14 +22,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from agentlang.backends.base import (Backend, Capabilities, GenDelta, GenResult, Prompt,
-                                     UnsupportedFeatureError)
+                                     UnsupportedFeatureError, extended_fields)
 from agentlang.chat_template import ChatTemplate, chatml
 from agentlang.sampling import SamplingOptions
-
-
-# vLLM's / SGLang's sampling fields and the values that mean "not asked for"
-EXTENDED = {"top_k": (None, 0, -1), "min_p": (None, 0.0), "min_tokens": (None, 0),
-            "ignore_eos": (None, False), "repetition_penalty": (None, 1.0)}
 
 
 class OpenAI(Backend):
@@ -67,8 +62,7 @@ class OpenAI(Backend):
                 args[name] = getattr(opts, name)
         if opts.stop:
             args["stop"] = list(opts.stop)
-        extra = {name: getattr(opts, name) for name, unset in EXTENDED.items()
-                 if getattr(opts, name) not in unset}
+        extra = extended_fields(opts)
         if extra:                                   # check() let them through: the server takes them
             args["extra_body"] = extra
         if self.api == "completions":

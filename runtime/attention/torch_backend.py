@@ -108,7 +108,8 @@ class TorchAttentionBackend:
         if window or softcap:
             return windowed_attend(q, pool, layer, batch, scale, window, softcap)
         seq_lens = batch.seq_lens_list
-        min_keys = cascade_min_keys(q.dtype, native_decode(q, pool) is not None)
+        native = native_decode(q, pool)
+        min_keys = cascade_min_keys(q.dtype, native is not None)
         if batch.is_decode:
             plan = batch.cached("torch.decode", lambda: decode_plan(batch.page_table, seq_lens,
                                                                     pool.page_size, min_keys))
@@ -136,7 +137,6 @@ class TorchAttentionBackend:
             return batch.cached(f"torch.causal_tail.{n}.{group}", lambda: causal_tail(n, group))
 
         alone = [b for b in rest if b not in grouped]
-        native = native_decode(q, pool)
         if native is not None:
             rows = batch.cached("torch.short_extends", lambda: short_extends(
                 batch.page_table, starts, seq_lens, batch.prefix_lens_list, alone))

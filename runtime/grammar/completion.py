@@ -99,18 +99,15 @@ class ShortestCompletion:
             tokens = self._verified(matcher, text)
             if tokens is not None:
                 return SearchResult(tokens, False)
-        if fits is not None:
-            text = self._quick.get(key)
-            tokens = None if text is None else self._verified(matcher, text)
-            if tokens is not None and len(tokens) <= fits:
-                return SearchResult(tokens, False)
-        bound = self._closing_first(matcher, merge_runs=True)
-        if fits is not None and bound is not None:
-            tokens = self._verified(matcher, bound)
+        bound = None if fits is None else self._quick.get(key)    # a quick completion
+        tokens = None if bound is None else self._verified(matcher, bound)
+        if tokens is None:
+            bound = self._closing_first(matcher, merge_runs=True)
+            tokens = None if fits is None or bound is None else self._verified(matcher, bound)
             if tokens is not None:
                 self._quick[key] = bound
-                if len(tokens) <= fits:
-                    return SearchResult(tokens, False)
+        if tokens is not None and len(tokens) <= fits:
+            return SearchResult(tokens, False)
         found, exhausted = self._bfs(matcher, None if bound is None else len(bound))
         found = found if found is not None else bound
         if found is None and matcher.parser_items() is not None:

