@@ -28,6 +28,7 @@ from agentlang.branch import BranchId
 from agentlang.chat_template import ChatTemplate
 from agentlang.interpreter import Interpreter, JoinItem
 from agentlang.ir import Expr
+from agentlang.runtime.core.typed_values import VALUE_TYPE_STOP
 from agentlang.sampling import SamplingOptions
 
 
@@ -309,6 +310,8 @@ class StreamExecutor:
     def resolve(self, options: SamplingOptions) -> SamplingOptions:
         opts = options.merged_over(self.ctx.defaults)
         opts = opts.with_extra_stop(self.ctx.template.stop_str)
+        if opts.value_type is not None:
+            opts = opts.with_extra_stop(VALUE_TYPE_STOP[opts.value_type])
         self.ctx.backend.check(opts)
         return opts
 

@@ -128,7 +128,7 @@ def typed_value(text: str, value_type: str | None, name: str | None) -> Any:
         if value_type == "bool":
             return {"true": True, "false": False}[raw.lower()]
         if len(raw) >= 2 and raw[0] == raw[-1] == '"':
-            return json.loads(raw)
+            return json.loads(raw, strict=False)   # REGEX_STR's \s admits tabs and newlines
         return raw
     except (ValueError, KeyError):
         raise ValueError(f"gen {name!r} with dtype {value_type} produced {text!r}, which is not "

@@ -10,3 +10,8 @@ REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 
 VALUE_TYPE_REGEX = {"int": REGEX_INT, "float": REGEX_FLOAT, "bool": REGEX_BOOL, "str": REGEX_STR}
+
+# SGLang's frontend ends a number at its first space or newline (its ``RuntimeEndpoint`` adds
+# these stop strings to int / float gens): the regexes allow trailing whitespace, and without
+# the stops a sampled number runs on in blank lines to ``max_tokens``.
+VALUE_TYPE_STOP = {"int": (" ", "\n"), "float": (" ", "\n"), "bool": (), "str": ()}

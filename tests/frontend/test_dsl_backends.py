@@ -240,6 +240,31 @@ def test_endpoint_extensions_and_types(endpoint):
     assert typed["sampling_params"]["regex"] == al.REGEX_INT
 
 
+def test_typed_numbers_stop_at_whitespace_as_sglang_does(endpoint):
+    """SGLang's frontend ends an int / float gen at its first space or newline (the regexes
+    admit trailing whitespace, and a sampled number would otherwise run on in blank lines to
+    max_tokens); the other stops stay, a str gen gets none."""
+    backend, server = endpoint
+
+    @al.function
+    def prog(s):
+        s += "Q: " + al.gen_int("i") + al.gen("f", dtype=float) + al.gen_string("s")
+
+    prog.run(backend=backend, stop=["END"])
+    stops = [b["sampling_params"].get("stop") for p, b, _ in server.requests
+             if p == "/generate"]
+    run = ["<|im_end|>", "END"]                   # the run's stop and the template's
+    assert [sorted(x) for x in stops] == [sorted(["\n", " ", *run])] * 2 + [run]
+
+
+def test_typed_str_keeps_the_whitespace_its_regex_admits():
+    from agentlang.interpreter import typed_value
+
+    assert typed_value('"D\n\t2014"', "str", "s") == "D\n\t2014"    # REGEX_STR's \\s
+    with pytest.raises(ValueError, match="not a int"):
+        typed_value("12ab", "int", "i")
+
+
 def test_endpoint_errors_name_the_field(endpoint):
     backend, _ = endpoint
     with pytest.raises(ValueError, match="max_new_tokens: too big"):

@@ -67,3 +67,21 @@ def test_sglang_test_programs(programs_server):
     bad = [r for r in results if r["outcome"] in ("api_error", "hang")]
     assert not bad, json.dumps(bad, indent=1)[:6000]
     assert sorted((r["mode"], r["test"]) for r in results) == sorted(runs)   # each exactly once
+
+
+def test_only_the_programs_own_json_parse_is_a_wrong_answer(tmp_path):
+    """A JSONDecodeError from the program's own ``json.loads`` of the model's text is content
+    (SGLang's REGEX_INT admits ``0663``); one raised anywhere else (a client decoding a
+    response) stays an API error."""
+    from sglang_programs import _load, _one
+
+    prog = tmp_path / "progs.py"
+    prog.write_text("import json\n"
+                    "def test_content():\n    json.loads('{\"area\": 0663}')\n"
+                    "def test_client():\n    helper()\n")
+    module = _load(str(prog))
+    helper = tmp_path / "client.py"
+    helper.write_text("import json\ndef helper():\n    json.loads('<html>')\n")
+    module.helper = _load(str(helper)).helper
+    assert _one(module, "test_content")["outcome"] == "wrong_answer"
+    assert _one(module, "test_client")["outcome"] == "api_error"
