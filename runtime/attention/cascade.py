@@ -13,7 +13,6 @@ bucket's own part is one batched matmul with one causal mask.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,30 +25,58 @@ MAX_QUERY_TOKENS = 512   # query tokens a shared-part matmul takes at a time (bo
 CAUSAL_BLOCK = 128       # query tokens a causal block: keys up to the block's last only
 
 
+@dataclass(frozen=True)
+class CausalTail:
+    """The causal mask of ``n`` new tokens over their own keys, the last ``n`` of the context,
+    for query rows in (token, head) order, ``group`` heads a token: row ``i * group + g`` does
+    not see key ``j > i`` of the last ``n``. :func:`attend_lse` applies it inside the native
+    softmax without building it (the hidden scores are neither masked nor read); elsewhere
+    :attr:`mask` is the bool tensor."""
+    n: int
+    group: int
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """bool [n * group, n], True where key j > token t."""
+        above = torch.ones(self.n, self.n, dtype=torch.bool).triu_(1)             # [n, n]
+        return above[:, None, :].expand(self.n, self.group, self.n).reshape(
+            self.n * self.group, self.n)
+
+
+Mask = torch.Tensor | CausalTail
+
+
 def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-               masked: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               masked: Mask | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention with its log-sum-exp.
 
     q: [..., H, R, D] (the R query rows of each KV head: its G query heads × tokens);
     k, v: [..., L, H, D] as gathered from the pool; masked: bool, True where a key is hidden,
     over the **last** ``t = masked.shape[-1] <= L`` keys (broadcastable to [..., H, R, t]; the
     keys before them are visible to every row), or None; no row may be masked entirely. A
-    causal extend passes only its diagonal block (:func:`causal_tail`), so the mask costs
+    causal extend passes only its diagonal block (a :class:`CausalTail`), so the mask costs
     [R, n] whatever the cached context. The scores' matmul runs in q's
     dtype; scale, softmax and lse in float32 (natively where :mod:`agentlang.runtime.quant.native` runs: three
     passes over the scores, p written back in their dtype); float32 prefill-sized calls run per
     KV head through oneDNN (:mod:`agentlang.runtime.attention.onednn`). Returns out
-    [..., H, R, D] in v's dtype and lse [..., H, R] float32.
+    [..., H, R, D] in v's dtype and lse [..., H, R] float32. ``masked`` may be a
+    :class:`CausalTail` (rows R = its n × group), which the native softmax applies unbuilt.
     """
     native = qmatmul_library() if q.device.type == "cpu" else None
 
-    def normalize(s: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
+    def normalize(s: torch.Tensor, hidden: Mask | None) -> torch.Tensor:
         """Scores [..., R, L] -> probabilities in place (the last keys ``hidden`` masked first,
         in s's dtype: adding a float32 bias to bf16 scores was slower than the matmuls);
         returns the log-sum-exp [..., R]."""
+        fast = (native is not None and s.dtype in (torch.float32, torch.bfloat16)
+                and s.is_contiguous())
+        if isinstance(hidden, CausalTail):
+            if fast:
+                return native.softmax_lse_(s, scale, (hidden.n, hidden.group))
+            hidden = hidden.mask
         if hidden is not None:
             s[..., s.shape[-1] - hidden.shape[-1]:].masked_fill_(hidden, float("-inf"))
-        if native is not None and s.dtype in (torch.float32, torch.bfloat16) and s.is_contiguous():
+        if fast:
             return native.softmax_lse_(s, scale)        # in s's dtype (3 passes)
         sf = s.float() if s.dtype != torch.float32 else s
         sf.mul_(scale)
@@ -62,6 +89,8 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         return (m + z.log_()).squeeze(-1)
 
     if onednn.applies(q):
+        if isinstance(masked, CausalTail):       # the same mask for every head: one per call
+            return onednn.attend(q, k, v, None, lambda s, _: normalize(s, masked))
         return onednn.attend(q, k, v, masked, normalize)
     s = torch.matmul(q, k.movedim(-3, -1))                               # [..., H, R, L]
     lse = normalize(s, masked)
@@ -69,23 +98,15 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return out, lse
 
 
-def causal_tail(n: int, group: int) -> torch.Tensor:
-    """The causal mask of ``n`` new tokens over their own keys, the last ``n`` of the context:
-    bool [n * group, n] (rows in (token, head) order), True where key j > token t."""
-    above = torch.ones(n, n, dtype=torch.bool).triu_(1)                          # [n, n]
-    return above[:, None, :].expand(n, group, n).reshape(n * group, n)
-
-
-def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
-                  tail: Callable[[int, int], torch.Tensor] | None = None) -> torch.Tensor:
+def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                  scale: float) -> torch.Tensor:
     """Causal attention of one sequence's new tokens at positions ``start..start+n-1``.
 
     q: [n, Hq, D]; k, v: [start + n, Hkv, D] (its whole context). Blocks of CAUSAL_BLOCK
     queries each attend to the keys up to their last one, as one matmul per KV head (its G
-    query heads as rows: GQA without expansion). Returns [n, Hq, D] in v's dtype. On CPU this
-    is ~2.4x torch's causal SDPA kernel at 1024 tokens (a 135M model's head shapes).
-    ``tail(n, G)``: :func:`causal_tail`, or a memo of it (a step's masks repeat in every layer)."""
-    tail = tail or causal_tail
+    query heads as rows: GQA without expansion), the block's own keys under a
+    :class:`CausalTail`. Returns [n, Hq, D] in v's dtype. On CPU this is ~2.4x torch's causal
+    SDPA kernel at 1024 tokens (a 135M model's head shapes)."""
     n, Hq, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
@@ -94,7 +115,7 @@ def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
         e = min(n, s + CAUSAL_BLOCK)
         keys = start + e                                             # L: keys this block sees
         qb = q[s:e].view(e - s, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, (e - s) * G, D)
-        o, _ = attend_lse(qb, k[:keys], v[:keys], scale, tail(e - s, G))  # [Hkv, b*G, D]
+        o, _ = attend_lse(qb, k[:keys], v[:keys], scale, CausalTail(e - s, G))  # [Hkv, b*G, D]
         out[s:e] = o.view(Hkv, e - s, G, D).permute(1, 0, 2, 3).reshape(e - s, Hq, D)
     return out
 
@@ -126,7 +147,7 @@ class OwnBucket:
     tokens: torch.Tensor        # [m, n] int64 rows of the step's query tokens, member by member
     pages: torch.Tensor         # [m, p] int64 page ids of each member's own context
     length: int                 # L own keys per member
-    masked: torch.Tensor        # [n * G, n] bool causal mask of the last n keys (:func:`causal_tail`)
+    masked: CausalTail          # the causal mask of the last n keys
 
 
 @dataclass(frozen=True)
@@ -160,7 +181,7 @@ def extend_plan(page_table: torch.Tensor, starts: list[int], seq_lens: list[int]
             n_pages = (own + page_size - 1) // page_size
             tokens = torch.tensor([starts[rows[i]] for i in idx])[:, None] + torch.arange(n)
             pages = table[idx, n_shared:n_shared + n_pages]
-            buckets.append(OwnBucket(tokens, pages.contiguous(), own, causal_tail(n, group_size)))
+            buckets.append(OwnBucket(tokens, pages.contiguous(), own, CausalTail(n, group_size)))
         plans.append(ExtendGroup([rows[i] for i in members], table[members[0], :n_shared],
                                  tuple(buckets)))
     return tuple(plans)

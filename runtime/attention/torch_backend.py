@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from agentlang.runtime.attention.cascade import (attend_lse, attend_shared, causal_attend,
-                                                 causal_tail, extend_group, extend_plan, kv_of,
+                                                 extend_group, extend_plan, kv_of,
                                                  merge_lse)
 from agentlang.runtime.attention.decode_plan import DecodePlan, cascade_min_keys, decode_plan
 from agentlang.runtime.attention.forward_batch import ForwardBatch
@@ -133,9 +133,6 @@ class TorchAttentionBackend:
         for g in groups:
             extend_group(q, out, pool, layer, g, scale)
         grouped = {b for g in groups for b in g.rows}
-        def tail(n: int, group: int) -> torch.Tensor:       # the same masks in every layer
-            return batch.cached(f"torch.causal_tail.{n}.{group}", lambda: causal_tail(n, group))
-
         alone = [b for b in rest if b not in grouped]
         if native is not None:
             rows = batch.cached("torch.short_extends", lambda: short_extends(
@@ -148,7 +145,7 @@ class TorchAttentionBackend:
         for b in alone:
             seq_len, s, e = seq_lens[b], starts[b], starts[b + 1]
             k, v = kv_of(pool, layer, batch.page_table[b], seq_len, q.dtype)   # [L, Hkv, D]
-            out[s:e] = causal_attend(q[s:e], k, v, batch.prefix_lens_list[b], scale, tail)
+            out[s:e] = causal_attend(q[s:e], k, v, batch.prefix_lens_list[b], scale)
         return out
 
     @staticmethod

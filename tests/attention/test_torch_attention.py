@@ -122,6 +122,40 @@ def test_native_softmax_with_lse_against_float64(native_lib, dtype, rows, L):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lead,n,G,L", [((), 1, 1, 1), ((3,), 5, 3, 5), ((2, 3), 37, 3, 300),
+                                        ((3,), 128, 2, 200)])
+def test_the_causal_softmax_is_the_masked_one_bit_for_bit(native_lib, dtype, lead, n, G, L):
+    """The native softmax under a CausalTail (hidden keys neither masked nor read) gives the
+    bits of the same scores masked to -inf by the tensor mask, leading dims and all; a shape
+    the block cannot be is refused."""
+    g = torch.Generator().manual_seed(n * L)
+    s = (torch.randn(*lead, n * G, L, generator=g) * 4).to(dtype)
+    tail = cascade.CausalTail(n, G)
+    masked = s.clone()
+    masked[..., L - n:].masked_fill_(tail.mask, float("-inf"))
+    want_lse = native_lib.softmax_lse_(masked, 0.3)
+    got = s.clone()
+    got_lse = native_lib.softmax_lse_(got, 0.3, (n, G))
+    assert torch.equal(got, masked) and torch.equal(got_lse, want_lse)
+    with pytest.raises(ValueError, match="causal"):
+        native_lib.softmax_lse_(s.clone(), 0.3, (n + 1, G))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_under_a_causal_tail_is_the_masked_attention(dtype):
+    """attend_lse with a CausalTail (bf16: the native causal softmax; float32 prefill-sized
+    rows: oneDNN per head) gives the bits it gives with the tail's tensor mask."""
+    g = torch.Generator().manual_seed(5)
+    n, G, L = 40, 3, 90
+    q = torch.randn(3, n * G, 64, generator=g).to(dtype)
+    k, v = (torch.randn(L, 3, 64, generator=g).to(dtype) for _ in range(2))
+    tail = cascade.CausalTail(n, G)
+    o1, l1 = cascade.attend_lse(q, k, v, 0.125, tail)
+    o2, l2 = cascade.attend_lse(q, k, v, 0.125, tail.mask)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_short_extend_gives_each_token_its_one_token_decode(dtype):
     """A 6-token extend (a draft being verified) beside a long prefill: each of its tokens gets
     bit for bit the attention a decode step at that position gives; the long one takes torch's

@@ -74,10 +74,9 @@ class QMatmulLibrary:
         self._paged.restype = ctypes.c_int
         self._paged.argtypes = [ctypes.POINTER(PagedDecode), ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-        self._softmax = self.lib.agl_softmax_lse
-        self._softmax.restype = None
-        self._softmax.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                  ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+        self._softmax = self.entry("agl_softmax_lse_causal", None, ctypes.c_void_p, ctypes.c_int,
+                                   ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                   ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int)
         self._sample = self.entry("agl_sample_row", ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_float, ctypes.c_double)
         self._bitmask = self.entry("agl_apply_bitmask", None, ctypes.c_void_p, ctypes.c_int64,
@@ -94,6 +93,7 @@ class QMatmulLibrary:
         fn = getattr(self.lib, name)
         fn.restype, fn.argtypes = restype, list(argtypes)
         return fn
+
     def matmul(self, w: QWeight, x: torch.Tensor, out_features: int | None = None) -> torch.Tensor:
         """x: float32 contiguous ``[M, K]`` → ``x @ W.T + bias``, float32 ``[M, N]`` (``N``:
         ``out_features``, the sum over a chain of parts; default ``w.n``)."""
@@ -183,13 +183,24 @@ class QMatmulLibrary:
         self._bitmask(logits.data_ptr(), logits.stride(0), bitmask.data_ptr(), bitmask.shape[1],
                       None if idx is None else idx.data_ptr(), n, vocab_size)
 
-    def softmax_lse_(self, s: torch.Tensor, scale: float) -> torch.Tensor:
+    def softmax_lse_(self, s: torch.Tensor, scale: float,
+                     causal: tuple[int, int] | None = None) -> torch.Tensor:
         """In place: the last dim of ``s`` (float32 or bfloat16, contiguous, on the CPU) becomes
         ``softmax(scale * s)`` (-inf scores give 0); returns the log-sum-exp of ``scale * s``,
-        float32, ``s.shape[:-1]``."""
+        float32, ``s.shape[:-1]``.
+
+        ``causal = (n, G)``: ``s [..., n * G, L]`` is a causal block whose rows are its last
+        ``n`` keys' tokens in (token, head) order, G heads a token; row ``i * G + g`` sees keys
+        ``0 .. L - n + i`` only, the others get p = 0 without being read (the bits of the same
+        scores masked to -inf: ``cascade.CausalTail``'s mask)."""
         if s.dtype not in (torch.float32, torch.bfloat16) or not s.is_contiguous():
             raise ValueError(f"s must be contiguous float32 or bfloat16, got {s.dtype}")
+        n, G = causal or (0, 1)
+        if causal is not None and not (n >= 1 and G >= 1 and s.dim() >= 2
+                                       and s.shape[-2] == n * G and s.shape[-1] >= n):
+            raise ValueError(f"causal (n, G) = {causal} needs s [..., n * G, L >= n], got "
+                             f"{tuple(s.shape)}")
         lse = torch.empty(s.shape[:-1], dtype=torch.float32)
         self._softmax(s.data_ptr(), int(s.dtype == torch.bfloat16), lse.numel(), s.shape[-1],
-                      scale, lse.data_ptr(), torch.get_num_threads())
+                      n, G, scale, lse.data_ptr(), torch.get_num_threads())
         return lse

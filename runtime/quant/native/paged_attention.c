@@ -72,33 +72,80 @@ static inline int64_t key_step(const agl_paged *p)
 
 #define PAGE_KEYS(p, n, t0)  ((n) - (t0) < (p)->page_size ? (n) - (t0) : (p)->page_size)
 
+/* Keys are asked for AHEAD keys before they are read, through the page table: a page holds
+ * only page_size keys, so a fixed stride past the current key (the hardware prefetcher's, or
+ * the old 4 keys on) lands in another sequence's page at each page end, and every page's first
+ * keys were read from memory while the core waited. A cursor walks the table beside the loop
+ * (no division a key). What it asks for a key (fetch_t): the KV head's own hd values, or the
+ * key's whole slot (every KV head's: contiguous lines the hardware streams, read once for a
+ * row whose heads run one after another on one core), or nothing (the slot is in cache). */
+#define AHEAD 16
+
+typedef enum { FETCH_HEAD, FETCH_SLOT, FETCH_NONE } fetch_t;
+
+typedef struct {
+    const agl_paged *p;
+    const int64_t *pages;
+    const char *cache;
+    int64_t kvh, n, bytes, t, pg, o;   /* next key to ask for: t = pg * page_size + o */
+} ahead_t;
+
+/* asks for key a->t's bytes (when t < n) and moves on one key */
+static inline __attribute__((always_inline)) void ahead_one(ahead_t *a)
+{
+    if (a->t >= a->n)
+        return;
+    const agl_paged *p = a->p;
+    const char *row = page_row(p, a->pages[a->pg], a->kvh, a->cache) + a->o * key_step(p);
+    for (int64_t o = 0; o < a->bytes; o += 64)
+        _mm_prefetch(row + o, _MM_HINT_T0);
+    a->t++;
+    if (++a->o == p->page_size) {
+        a->o = 0;
+        a->pg++;
+    }
+}
+
+/* a cursor at key 0 of cache (p->k or p->v) for KV head kvh that has asked for the first
+ * AHEAD keys */
+static inline ahead_t ahead_start(const agl_paged *p, const int64_t *pages, int64_t n,
+                                  int64_t kvh, const void *cache, fetch_t fetch)
+{
+    const int64_t head = p->hd * (p->kv_bf16 ? 2 : 4);
+    ahead_t a = {p, pages, cache, fetch == FETCH_SLOT ? 0 : kvh, fetch == FETCH_NONE ? 0 : n,
+                 fetch == FETCH_SLOT ? head * p->nkv : head, 0, 0, 0};
+    for (int i = 0; i < AHEAD; i++)
+        ahead_one(&a);
+    return a;
+}
+
 /* NV vectors of VL values at row (float32, or bf16 bits) into r */
 #define LOAD_ROW(r, row, bf16, NV)                                                             \
     for (int c_ = 0; c_ < (NV); c_++)                                                          \
         r[c_] = (bf16) ? vf_load_bf16((const uint16_t *)(row) + c_ * VL)                       \
                        : vf_load((const float *)(row) + c_ * VL)
 
-/* r = the NV vectors of the key at row, the key 4 rows on asked for meanwhile */
+/* r = the NV vectors of the key at row, the key AHEAD on asked for meanwhile */
 static inline __attribute__((always_inline)) void
-load_key(vf *r, const char *row, int64_t step, int bf16, const int NV)
+load_key(vf *r, const char *row, ahead_t *a, int bf16, const int NV)
 {
-    _mm_prefetch(row + 4 * step, _MM_HINT_T0);
-    _mm_prefetch(row + 4 * step + 64, _MM_HINT_T0);
+    ahead_one(a);
     LOAD_ROW(r, row, bf16, NV);
 }
 
 /* s[g * n + t] = q_g . k_t, hd = NV * VL: each key's vectors loaded once for the G heads */
 static inline __attribute__((always_inline)) void
 key_scores_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
-              const float *qf, int64_t G, float *s, const int NV)
+              const float *qf, int64_t G, float *s, fetch_t fetch, const int NV)
 {
     const int bf16 = p->kv_bf16;
     const int64_t step = key_step(p);
+    ahead_t a = ahead_start(p, pages, n, kvh, p->k, fetch);
     for (int64_t t0 = 0, pg = 0; t0 < n; t0 += p->page_size, pg++) {
         const char *row = page_row(p, pages[pg], kvh, p->k);
         for (int64_t t = t0; t < t0 + PAGE_KEYS(p, n, t0); t++, row += step) {
             vf kr[NV];
-            load_key(kr, row, step, bf16, NV);
+            load_key(kr, row, &a, bf16, NV);
             for (int64_t g = 0; g < G; g++) {
                 const float *q = qf + g * NV * VL;
                 vf a = vf_mul(vf_load(q), kr[0]), b = vf_zero();
@@ -118,7 +165,7 @@ key_scores_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
  * in registers a pass over the values */
 static inline __attribute__((always_inline)) void
 weigh_values_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
-                const float *s, int64_t G, float *acc, const int NV)
+                const float *s, int64_t G, float *acc, fetch_t fetch, const int NV)
 {
     const int bf16 = p->kv_bf16, GB = NV >= 16 ? 1 : 16 / NV;
     const int64_t step = key_step(p);
@@ -127,11 +174,12 @@ weigh_values_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh
         vf a[16];
         for (int i = 0; i < 16; i++)
             a[i] = vf_zero();
+        ahead_t ah = ahead_start(p, pages, n, kvh, p->v, g0 ? FETCH_NONE : fetch);
         for (int64_t t0 = 0, pg = 0; t0 < n; t0 += p->page_size, pg++) {
             const char *row = page_row(p, pages[pg], kvh, p->v);
             for (int64_t t = t0; t < t0 + PAGE_KEYS(p, n, t0); t++, row += step) {
                 vf vr[NV];
-                load_key(vr, row, step, bf16, NV);
+                load_key(vr, row, &ah, bf16, NV);
                 for (int64_t g = 0; g < gn; g++) {
                     const vf w = vf_set1(s[(g0 + g) * n + t]);
                     for (int c = 0; c < NV; c++)
@@ -177,9 +225,11 @@ BF16DP static inline __m512 lane_sums16(const __m512 *v)
 
 /* s[g * n + t] = q_g . k_t for bf16 q [G, hd] and a bf16 pool, 16 keys of a page at a time */
 BF16DP static void key_scores_dp(const agl_paged *p, const int64_t *pages, int64_t n,
-                                 int64_t kvh, const uint16_t *q, int64_t G, float *s)
+                                 int64_t kvh, const uint16_t *q, int64_t G, float *s,
+                                 fetch_t fetch)
 {
     const int64_t step = key_step(p), nc = p->hd / 32;
+    ahead_t a = ahead_start(p, pages, n, kvh, p->k, fetch);
     for (int64_t t0 = 0, pg = 0; t0 < n; t0 += p->page_size, pg++) {
         const char *page = page_row(p, pages[pg], kvh, p->k);
         const int64_t keys = PAGE_KEYS(p, n, t0);
@@ -187,7 +237,7 @@ BF16DP static void key_scores_dp(const agl_paged *p, const int64_t *pages, int64
             const int cnt = keys - i0 < 16 ? (int)(keys - i0) : 16;
             const char *rows = page + i0 * step;
             for (int i = 0; i < cnt; i++)
-                _mm_prefetch(rows + (16 + i) * step, _MM_HINT_T0);
+                ahead_one(&a);
             for (int64_t g = 0; g < G; g++) {
                 __m512bh qv[8];
                 for (int64_t c = 0; c < nc; c++)
@@ -201,8 +251,11 @@ BF16DP static void key_scores_dp(const agl_paged *p, const int64_t *pages, int64
                                                        rows + i * step + c * 64));
                     v[i] = acc;
                 }
-                _mm512_mask_storeu_ps(s + g * n + t0 + i0, (__mmask16)((1u << cnt) - 1),
-                                      lane_sums16(v));
+                if (cnt == 16)     /* a masked store would not forward to the max's loads */
+                    _mm512_storeu_ps(s + g * n + t0 + i0, lane_sums16(v));
+                else
+                    _mm512_mask_storeu_ps(s + g * n + t0 + i0, (__mmask16)((1u << cnt) - 1),
+                                          lane_sums16(v));
             }
         }
     }
@@ -252,12 +305,21 @@ static void weigh_values_any(const agl_paged *p, const int64_t *pages, int64_t n
 static float softmax_lse(float *s, int64_t n, float scale)
 {
     float m = -INFINITY;
-    for (int64_t t = 0; t < n; t++)
+    int64_t t = 0;
+    if (n >= VL) {                        /* the max is exact in any order: VL lanes at once */
+        vf vmax = vf_load(s);
+        for (t = VL; t + VL <= n; t += VL)
+            vmax = vf_max(vmax, vf_load(s + t));
+        float lanes[VL];
+        vf_store(lanes, vmax);
+        for (int i = 0; i < VL; i++)
+            m = lanes[i] > m ? lanes[i] : m;
+    }
+    for (; t < n; t++)
         m = s[t] > m ? s[t] : m;
     const vf vm = vf_set1(m), vs = vf_set1(scale);
     vf vz = vf_zero();
-    int64_t t = 0;
-    for (; t + VL <= n; t += VL) {
+    for (t = 0; t + VL <= n; t += VL) {
         const vf e = vf_exp(vf_mul(vf_sub(vf_load(s + t), vm), vs));
         vf_store(s + t, e);
         vz = vf_add(vz, e);
@@ -273,9 +335,10 @@ static float softmax_lse(float *s, int64_t n, float scale)
     return scale * m + logf(z);
 }
 
-/* One (row b, KV head kvh): its G query heads' outputs and lse. 0, or -1 without memory. */
+/* One (row b, KV head kvh): its G query heads' outputs and lse, asking for the keys ahead as
+ * fetch says. 0, or -1 without memory. */
 static int attend_head(const agl_paged *p, int64_t b, int64_t kvh, const void *q, int q_bf16,
-                       void *out, int out_bf16, float *lse)
+                       void *out, int out_bf16, float *lse, fetch_t fetch)
 {
     const int64_t hd = p->hd, G = p->nh / p->nkv, n = p->lens[b], h0 = kvh * G;
     const int64_t *pages = p->page_table + b * p->max_pages;
@@ -287,15 +350,15 @@ static int attend_head(const agl_paged *p, int64_t b, int64_t kvh, const void *q
     const char *qrow = (const char *)q + (b * p->nh + h0) * hd * qsize;
 #if VL == 16
     if (bf16dp_ok && q_bf16 && p->kv_bf16 && hd % 32 == 0 && hd <= 256)
-        key_scores_dp(p, pages, n, kvh, (const uint16_t *)qrow, G, s);
+        key_scores_dp(p, pages, n, kvh, (const uint16_t *)qrow, G, s, fetch);
     else
 #endif
     {
         widen(qrow, q_bf16, G * hd, qf);
         switch (hd == 4 * VL ? 4 : hd == 8 * VL ? 8 : hd == 16 * VL ? 16 : 0) {
-        case 4: key_scores_nv(p, pages, n, kvh, qf, G, s, 4); break;
-        case 8: key_scores_nv(p, pages, n, kvh, qf, G, s, 8); break;
-        case 16: key_scores_nv(p, pages, n, kvh, qf, G, s, 16); break;
+        case 4: key_scores_nv(p, pages, n, kvh, qf, G, s, fetch, 4); break;
+        case 8: key_scores_nv(p, pages, n, kvh, qf, G, s, fetch, 8); break;
+        case 16: key_scores_nv(p, pages, n, kvh, qf, G, s, fetch, 16); break;
         default: key_scores_any(p, pages, n, kvh, qf, G, kf, s);
         }
     }
@@ -305,9 +368,9 @@ static int attend_head(const agl_paged *p, int64_t b, int64_t kvh, const void *q
             lse[b * p->nh + h0 + g] = l;
     }
     switch (hd == 4 * VL ? 4 : hd == 8 * VL ? 8 : hd == 16 * VL ? 16 : 0) {
-    case 4: weigh_values_nv(p, pages, n, kvh, s, G, acc, 4); break;
-    case 8: weigh_values_nv(p, pages, n, kvh, s, G, acc, 8); break;
-    case 16: weigh_values_nv(p, pages, n, kvh, s, G, acc, 16); break;
+    case 4: weigh_values_nv(p, pages, n, kvh, s, G, acc, fetch, 4); break;
+    case 8: weigh_values_nv(p, pages, n, kvh, s, G, acc, fetch, 8); break;
+    case 16: weigh_values_nv(p, pages, n, kvh, s, G, acc, fetch, 16); break;
     default: weigh_values_any(p, pages, n, kvh, s, G, kf, acc);
     }
     narrow(acc, G * hd, out_bf16, (char *)out + (b * p->nh + h0) * hd * osize);
@@ -324,8 +387,20 @@ int agl_paged_decode(const agl_paged *p, const void *q, int q_bf16, void *out, i
         if (p->lens[b] < 1 || p->lens[b] > p->max_pages * p->page_size)
             return -2;
     int fail = 0;
-    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) reduction(|:fail)
-    for (int64_t j = 0; j < p->B * p->nkv; j++)
-        fail |= attend_head(p, j / p->nkv, j % p->nkv, q, q_bf16, out, out_bf16, lse);
+    if (p->B >= 2 * (int64_t)nthreads) {
+        /* a task a row: its first KV head's passes ask for whole key slots, the others find
+         * them in this core's cache */
+        #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) reduction(|:fail)
+        for (int64_t b = 0; b < p->B; b++)
+            for (int64_t kvh = 0; kvh < p->nkv; kvh++)
+                fail |= attend_head(p, b, kvh, q, q_bf16, out, out_bf16, lse,
+                                    kvh ? FETCH_NONE : FETCH_SLOT);
+    } else {
+        /* few rows: a task a (row, KV head), so every thread has work */
+        #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) reduction(|:fail)
+        for (int64_t j = 0; j < p->B * p->nkv; j++)
+            fail |= attend_head(p, j / p->nkv, j % p->nkv, q, q_bf16, out, out_bf16, lse,
+                                FETCH_HEAD);
+    }
     return fail ? -1 : 0;
 }

@@ -56,18 +56,21 @@ static inline __m256 shifted_exp(__m256 x, __m256 vm, __m256 vs)
     return _mm256_and_ps(live, vf_exp(_mm256_mul_ps(_mm256_sub_ps(x, vm), vs)));
 }
 
-static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
+/* The row's first vis of its L scores (vis = L: all); the keys from vis on are hidden (a
+ * causal block's future keys) and get p = 0 without being read: the lanes a key lands in and
+ * the sums are those of the same row with those scores at -inf, so the bits are too. */
+static void softmax_row(void *s, int bf16, int64_t L, int64_t vis, float scale, float *lse)
 {
     __m256 mx = _mm256_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < L; i += 8)
-        mx = _mm256_max_ps(mx, load8(s, bf16, i, L - i < 8 ? (int)(L - i) : 8));
+    for (int64_t i = 0; i < vis; i += 8)
+        mx = _mm256_max_ps(mx, load8(s, bf16, i, vis - i < 8 ? (int)(vis - i) : 8));
     __m128 u = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
     u = _mm_max_ps(u, _mm_movehl_ps(u, u));
     const float m = _mm_cvtss_f32(_mm_max_ss(u, _mm_movehdup_ps(u)));
     const __m256 vm = _mm256_set1_ps(m), vs = _mm256_set1_ps(scale);
     __m256 sum = _mm256_setzero_ps();
-    for (int64_t i = 0; i < L; i += 8) {                  /* float32: e^.. kept in place */
-        const int n = L - i < 8 ? (int)(L - i) : 8;
+    for (int64_t i = 0; i < vis; i += 8) {                /* float32: e^.. kept in place */
+        const int n = vis - i < 8 ? (int)(vis - i) : 8;
         const __m256 v = shifted_exp(load8(s, bf16, i, n), vm, vs);
         sum = _mm256_add_ps(sum, v);
         if (!bf16)
@@ -75,12 +78,13 @@ static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
     }
     const float z = hsum8(sum);
     const __m256 inv = _mm256_set1_ps(1.0f / z);
-    for (int64_t i = 0; i < L; i += 8) {
-        const int n = L - i < 8 ? (int)(L - i) : 8;
+    for (int64_t i = 0; i < vis; i += 8) {
+        const int n = vis - i < 8 ? (int)(vis - i) : 8;
         const __m256 v = bf16 ? shifted_exp(load8(s, 1, i, n), vm, vs)      /* bf16: again */
                               : load8(s, 0, i, n);
         store8(s, bf16, i, n, _mm256_mul_ps(v, inv));
     }
+    memset((char *)s + vis * (bf16 ? 2 : 4), 0, (size_t)(L - vis) * (bf16 ? 2 : 4));
     *lse = scale * m + logf(z);
 }
 
@@ -88,8 +92,17 @@ static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
 void agl_softmax_lse(void *s, int bf16, int64_t rows, int64_t L, float scale, float *lse,
                      int nthreads)
 {
-    const int64_t esize = bf16 ? 2 : 4;
+    agl_softmax_lse_causal(s, bf16, rows, L, 0, 1, scale, lse, nthreads);
+}
+
+/* The same with a causal block's mask implied: row r (of every n * G) is token (r mod n G) / G
+ * of the last n keys' block, which sees keys 0 .. L - n + that token (n = 0: every key). */
+void agl_softmax_lse_causal(void *s, int bf16, int64_t rows, int64_t L, int64_t n, int64_t G,
+                            float scale, float *lse, int nthreads)
+{
+    const int64_t esize = bf16 ? 2 : 4, R = n * G;
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * L >= 32768)
     for (int64_t r = 0; r < rows; r++)
-        softmax_row((char *)s + r * L * esize, bf16, L, scale, lse + r);
+        softmax_row((char *)s + r * L * esize, bf16, L, n ? L - n + (r % R) / G + 1 : L,
+                    scale, lse + r);
 }

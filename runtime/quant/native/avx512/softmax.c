@@ -12,6 +12,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "qmatmul.h"
 #include "vecmath.h"
@@ -43,19 +44,22 @@ static inline __m512 shifted_exp(__m512 x, __m512 vm, __m512 vs, __mmask16 k)
     return _mm512_maskz_mov_ps(live, exp16(_mm512_mul_ps(_mm512_sub_ps(x, vm), vs)));
 }
 
-static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
+/* The row's first vis of its L scores (vis = L: all); the keys from vis on are hidden (a
+ * causal block's future keys) and get p = 0 without being read: the lanes a key lands in and
+ * the sums are those of the same row with those scores at -inf, so the bits are too. */
+static void softmax_row(void *s, int bf16, int64_t L, int64_t vis, float scale, float *lse)
 {
     __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < L; i += 16) {
-        const __mmask16 k = tail(L, i);
+    for (int64_t i = 0; i < vis; i += 16) {
+        const __mmask16 k = tail(vis, i);
         mx = _mm512_mask_max_ps(mx, k, mx, load16(s, bf16, i, k));
     }
     const float m = _mm512_reduce_max_ps(mx);
     const __m512 vm = _mm512_set1_ps(m), vs = _mm512_set1_ps(scale);
     __m512 sum = _mm512_setzero_ps();
     float *e = bf16 ? NULL : (float *)s;              /* float32: e^.. kept in place */
-    for (int64_t i = 0; i < L; i += 16) {
-        const __mmask16 k = tail(L, i);
+    for (int64_t i = 0; i < vis; i += 16) {
+        const __mmask16 k = tail(vis, i);
         const __m512 v = shifted_exp(load16(s, bf16, i, k), vm, vs, k);
         sum = _mm512_add_ps(sum, v);
         if (e)
@@ -63,12 +67,13 @@ static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
     }
     const float z = _mm512_reduce_add_ps(sum);
     const __m512 inv = _mm512_set1_ps(1.0f / z);
-    for (int64_t i = 0; i < L; i += 16) {
-        const __mmask16 k = tail(L, i);
+    for (int64_t i = 0; i < vis; i += 16) {
+        const __mmask16 k = tail(vis, i);
         const __m512 v = e ? _mm512_maskz_loadu_ps(k, e + i)
                            : shifted_exp(load16(s, bf16, i, k), vm, vs, k);   /* bf16: again */
         store16(s, bf16, i, k, _mm512_mul_ps(v, inv));
     }
+    memset((char *)s + vis * (bf16 ? 2 : 4), 0, (size_t)(L - vis) * (bf16 ? 2 : 4));
     *lse = scale * m + logf(z);
 }
 
@@ -76,8 +81,17 @@ static void softmax_row(void *s, int bf16, int64_t L, float scale, float *lse)
 void agl_softmax_lse(void *s, int bf16, int64_t rows, int64_t L, float scale, float *lse,
                      int nthreads)
 {
-    const int64_t esize = bf16 ? 2 : 4;
+    agl_softmax_lse_causal(s, bf16, rows, L, 0, 1, scale, lse, nthreads);
+}
+
+/* The same with a causal block's mask implied: row r (of every n * G) is token (r mod n G) / G
+ * of the last n keys' block, which sees keys 0 .. L - n + that token (n = 0: every key). */
+void agl_softmax_lse_causal(void *s, int bf16, int64_t rows, int64_t L, int64_t n, int64_t G,
+                            float scale, float *lse, int nthreads)
+{
+    const int64_t esize = bf16 ? 2 : 4, R = n * G;
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * L >= 32768)
     for (int64_t r = 0; r < rows; r++)
-        softmax_row((char *)s + r * L * esize, bf16, L, scale, lse + r);
+        softmax_row((char *)s + r * L * esize, bf16, L, n ? L - n + (r % R) / G + 1 : L,
+                    scale, lse + r);
 }
