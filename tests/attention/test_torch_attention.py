@@ -141,6 +141,25 @@ def test_the_causal_softmax_is_the_masked_one_bit_for_bit(native_lib, dtype, lea
         native_lib.softmax_lse_(s.clone(), 0.3, (n + 1, G))
 
 
+def test_causal_blocks_shrink_past_block_keys(monkeypatch):
+    """Blocks of CAUSAL_BLOCK queries while they see at most BLOCK_KEYS keys, then of
+    LONG_CAUSAL_BLOCK: either way each token attends to exactly the keys up to its own
+    (float64 reference), after a cached context and without one."""
+    monkeypatch.setattr(cascade, "CAUSAL_BLOCK", 8)
+    monkeypatch.setattr(cascade, "LONG_CAUSAL_BLOCK", 3)
+    monkeypatch.setattr(cascade, "BLOCK_KEYS", 20)
+    g = torch.Generator().manual_seed(11)
+    for start, n in ((0, 30), (13, 17), (25, 5)):
+        q = torch.randn(n, 6, 16, generator=g)
+        k, v = (torch.randn(start + n, 2, 16, generator=g) for _ in range(2))
+        out = cascade.causal_attend(q, k, v, start, 0.25)
+        kk, vv = (t.double().repeat_interleave(3, 1) for t in (k, v))       # [L, 6, 16]
+        s = torch.einsum("thd,lhd->htl", q.double(), kk) * 0.25
+        hidden = torch.arange(start + n)[None, :] > (start + torch.arange(n))[:, None]
+        ref = torch.einsum("htl,lhd->thd", s.masked_fill(hidden, float("-inf")).softmax(-1), vv)
+        assert (out.double() - ref).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_under_a_causal_tail_is_the_masked_attention(dtype):
     """attend_lse with a CausalTail (bf16: the native causal softmax; float32 prefill-sized
