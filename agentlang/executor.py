@@ -309,9 +309,7 @@ class StreamExecutor:
 
     def resolve(self, options: SamplingOptions) -> SamplingOptions:
         opts = options.merged_over(self.ctx.defaults)
-        opts = opts.with_extra_stop(self.ctx.template.stop_str)
-        if opts.value_type is not None:
-            opts = opts.with_extra_stop(VALUE_TYPE_STOP[opts.value_type])
+        opts = opts.with_extra_stop(self.ctx.template.stop_str + VALUE_TYPE_STOP[opts.value_type])
         self.ctx.backend.check(opts)
         return opts
 

@@ -14,4 +14,5 @@ VALUE_TYPE_REGEX = {"int": REGEX_INT, "float": REGEX_FLOAT, "bool": REGEX_BOOL, 
 # SGLang's frontend ends a number at its first space or newline (its ``RuntimeEndpoint`` adds
 # these stop strings to int / float gens): the regexes allow trailing whitespace, and without
 # the stops a sampled number runs on in blank lines to ``max_tokens``.
-VALUE_TYPE_STOP = {"int": (" ", "\n"), "float": (" ", "\n"), "bool": (), "str": ()}
+VALUE_TYPE_STOP = {"int": (" ", "\n"), "float": (" ", "\n"), "bool": (), "str": (),
+                   None: ()}                                  # None: an untyped gen
