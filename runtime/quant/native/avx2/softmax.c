@@ -8,6 +8,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "qmatmul.h"
@@ -59,7 +60,8 @@ static inline __m256 shifted_exp(__m256 x, __m256 vm, __m256 vs)
 /* The row's first vis of its L scores (vis = L: all); the keys from vis on are hidden (a
  * causal block's future keys) and get p = 0 without being read: the lanes a key lands in and
  * the sums are those of the same row with those scores at -inf, so the bits are too. */
-static void softmax_row(void *s, int bf16, int64_t L, int64_t vis, float scale, float *lse)
+static void softmax_row(void *s, int bf16, int64_t L, int64_t vis, float scale, float *lse,
+                        float *scratch)
 {
     __m256 mx = _mm256_set1_ps(-INFINITY);
     for (int64_t i = 0; i < vis; i += 8)
@@ -69,19 +71,20 @@ static void softmax_row(void *s, int bf16, int64_t L, int64_t vis, float scale, 
     const float m = _mm_cvtss_f32(_mm_max_ss(u, _mm_movehdup_ps(u)));
     const __m256 vm = _mm256_set1_ps(m), vs = _mm256_set1_ps(scale);
     __m256 sum = _mm256_setzero_ps();
-    for (int64_t i = 0; i < vis; i += 8) {                /* float32: e^.. kept in place */
+    float *e = bf16 ? scratch : (float *)s;    /* e^..: in place, or bf16's float32 scratch */
+    for (int64_t i = 0; i < vis; i += 8) {
         const int n = vis - i < 8 ? (int)(vis - i) : 8;
         const __m256 v = shifted_exp(load8(s, bf16, i, n), vm, vs);
         sum = _mm256_add_ps(sum, v);
-        if (!bf16)
-            store8(s, 0, i, n, v);
+        if (e)
+            store8(e, 0, i, n, v);
     }
     const float z = hsum8(sum);
     const __m256 inv = _mm256_set1_ps(1.0f / z);
     for (int64_t i = 0; i < vis; i += 8) {
         const int n = vis - i < 8 ? (int)(vis - i) : 8;
-        const __m256 v = bf16 ? shifted_exp(load8(s, 1, i, n), vm, vs)      /* bf16: again */
-                              : load8(s, 0, i, n);
+        const __m256 v = e ? load8(e, 0, i, n)
+                           : shifted_exp(load8(s, 1, i, n), vm, vs);          /* no scratch */
         store8(s, bf16, i, n, _mm256_mul_ps(v, inv));
     }
     memset((char *)s + vis * (bf16 ? 2 : 4), 0, (size_t)(L - vis) * (bf16 ? 2 : 4));
@@ -101,8 +104,15 @@ void agl_softmax_lse_causal(void *s, int bf16, int64_t rows, int64_t L, int64_t 
                             float scale, float *lse, int nthreads)
 {
     const int64_t esize = bf16 ? 2 : 4, R = n * G;
-    #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * L >= 32768)
-    for (int64_t r = 0; r < rows; r++)
-        softmax_row((char *)s + r * L * esize, bf16, L, n ? L - n + (r % R) / G + 1 : L,
-                    scale, lse + r);
+    /* bf16 rows keep their e^.. in a float32 row a thread (then computed once, not twice;
+     * the same values either way); without memory for it they compute it again */
+    #pragma omp parallel num_threads(nthreads) if (rows * L >= 32768)
+    {
+        float *scratch = bf16 ? malloc(sizeof(float) * (size_t)L) : NULL;
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            softmax_row((char *)s + r * L * esize, bf16, L, n ? L - n + (r % R) / G + 1 : L,
+                        scale, lse + r, scratch);
+        free(scratch);
+    }
 }

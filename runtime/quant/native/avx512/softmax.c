@@ -12,6 +12,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "qmatmul.h"
@@ -47,7 +48,8 @@ static inline __m512 shifted_exp(__m512 x, __m512 vm, __m512 vs, __mmask16 k)
 /* The row's first vis of its L scores (vis = L: all); the keys from vis on are hidden (a
  * causal block's future keys) and get p = 0 without being read: the lanes a key lands in and
  * the sums are those of the same row with those scores at -inf, so the bits are too. */
-static void softmax_row(void *s, int bf16, int64_t L, int64_t vis, float scale, float *lse)
+static void softmax_row(void *s, int bf16, int64_t L, int64_t vis, float scale, float *lse,
+                        float *scratch)
 {
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (int64_t i = 0; i < vis; i += 16) {
@@ -57,7 +59,7 @@ static void softmax_row(void *s, int bf16, int64_t L, int64_t vis, float scale, 
     const float m = _mm512_reduce_max_ps(mx);
     const __m512 vm = _mm512_set1_ps(m), vs = _mm512_set1_ps(scale);
     __m512 sum = _mm512_setzero_ps();
-    float *e = bf16 ? NULL : (float *)s;              /* float32: e^.. kept in place */
+    float *e = bf16 ? scratch : (float *)s;    /* e^..: in place, or bf16's float32 scratch */
     for (int64_t i = 0; i < vis; i += 16) {
         const __mmask16 k = tail(vis, i);
         const __m512 v = shifted_exp(load16(s, bf16, i, k), vm, vs, k);
@@ -70,7 +72,7 @@ static void softmax_row(void *s, int bf16, int64_t L, int64_t vis, float scale, 
     for (int64_t i = 0; i < vis; i += 16) {
         const __mmask16 k = tail(vis, i);
         const __m512 v = e ? _mm512_maskz_loadu_ps(k, e + i)
-                           : shifted_exp(load16(s, bf16, i, k), vm, vs, k);   /* bf16: again */
+                           : shifted_exp(load16(s, bf16, i, k), vm, vs, k);   /* no scratch */
         store16(s, bf16, i, k, _mm512_mul_ps(v, inv));
     }
     memset((char *)s + vis * (bf16 ? 2 : 4), 0, (size_t)(L - vis) * (bf16 ? 2 : 4));
@@ -90,8 +92,15 @@ void agl_softmax_lse_causal(void *s, int bf16, int64_t rows, int64_t L, int64_t 
                             float scale, float *lse, int nthreads)
 {
     const int64_t esize = bf16 ? 2 : 4, R = n * G;
-    #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * L >= 32768)
-    for (int64_t r = 0; r < rows; r++)
-        softmax_row((char *)s + r * L * esize, bf16, L, n ? L - n + (r % R) / G + 1 : L,
-                    scale, lse + r);
+    /* bf16 rows keep their e^.. in a float32 row a thread (then computed once, not twice;
+     * the same values either way); without memory for it they compute it again */
+    #pragma omp parallel num_threads(nthreads) if (rows * L >= 32768)
+    {
+        float *scratch = bf16 ? malloc(sizeof(float) * (size_t)L) : NULL;
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            softmax_row((char *)s + r * L * esize, bf16, L, n ? L - n + (r % R) / G + 1 : L,
+                        scale, lse + r, scratch);
+        free(scratch);
+    }
 }
