@@ -13,6 +13,7 @@ bucket's own part is one batched matmul with one causal mask.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,9 +38,10 @@ class CausalTail:
     n: int
     group: int
 
-    @property
+    @functools.cached_property
     def mask(self) -> torch.Tensor:
-        """bool [n * group, n], True where key j > token t."""
+        """bool [n * group, n], True where key j > token t (built once: a step's extend plan
+        keeps its tails for every layer)."""
         above = torch.ones(self.n, self.n, dtype=torch.bool).triu_(1)             # [n, n]
         return above[:, None, :].expand(self.n, self.group, self.n).reshape(
             self.n * self.group, self.n)
