@@ -179,6 +179,39 @@ def test_batched_step_equals_the_per_row_reference(tokenizer, temperature):
     assert got[2].tokens == free_ref and got[2].next_draft == []
 
 
+def test_unconstrained_rows_in_order_are_sampled_in_place_with_the_same_tokens(tokenizer):
+    """The jobs are the logits' rows in order and none is constrained: the step penalizes
+    and samples the model's logits themselves (an inference tensor) instead of a copy, and
+    draws what the copy gives; a constrained job, a draft or a repeated row keeps the copy
+    and leaves the raw rows as they were."""
+    g = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        logits = torch.randn(3, V, generator=g)                          # as the runner's
+    kinds = [SamplingParams(max_tokens=4, temperature=0.0, repetition_penalty=1.3, logprobs=2),
+             SamplingParams(max_tokens=4, temperature=0.9, presence_penalty=0.7),
+             SamplingParams(max_tokens=4, temperature=0.0)]
+
+    def step(rows):
+        jobs = [StepJob(_request(tokenizer, kinds[i % 3], seed=7 + i), r) for i, r in enumerate(rows)]
+        return [(s.tokens, s.logprobs) for s in ConstrainedStep(tokenizer, {EOS}, 4096).run(jobs, x)]
+
+    x = logits.clone()
+    copied = step([0, 1, 0])                      # a repeated row: the copy, raw rows untouched
+    assert torch.equal(x, logits)
+    x = logits.clone()
+    in_place = step([0, 1, 2])
+    assert not torch.equal(x, logits)             # penalties applied on the logits themselves
+    x = logits.clone()
+    assert step([0, 1]) == in_place[:2] and copied[:2] == in_place[:2]
+    compiled = make_grammar_backend("xgrammar", tokenizer, V).compile(
+        constraint_from_params(json_schema=KEYS))
+    x = logits.clone()
+    jobs = [StepJob(_request(tokenizer, kinds[2], compiled.new_matcher()), 0),
+            StepJob(_request(tokenizer, kinds[0]), 1), StepJob(_request(tokenizer, kinds[1]), 2)]
+    ConstrainedStep(tokenizer, {EOS}, 4096).run(jobs, x)
+    assert torch.equal(x, logits)                 # constrained: the raw rows stay
+
+
 class _DeadEnd(GrammarMatcher):
     """Allows no token at all (a constraint with a dead end no submit check caught)."""
 
