@@ -161,35 +161,53 @@ key_scores_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
     }
 }
 
+/* acc [gn, hd] += sum_t p[g * n + t] v_t for gn heads' weights at s (row g n apart), t
+ * ascending, hd = NV * VL; GN the number of heads (1..4) when known when compiled (their sums
+ * stay in registers), else 0 and gn says (runtime bound: the sums live in memory) */
+static inline __attribute__((always_inline)) void
+weigh_group(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh, const float *s,
+            int64_t gn, float *acc, ahead_t *ah, const int NV, const int GN)
+{
+    const int bf16 = p->kv_bf16;
+    const int64_t step = key_step(p), heads = GN ? GN : gn;
+    vf a[16];
+    for (int i = 0; i < 16; i++)
+        a[i] = vf_zero();
+    for (int64_t t0 = 0, pg = 0; t0 < n; t0 += p->page_size, pg++) {
+        const char *row = page_row(p, pages[pg], kvh, p->v);
+        for (int64_t t = t0; t < t0 + PAGE_KEYS(p, n, t0); t++, row += step) {
+            vf vr[NV];
+            load_key(vr, row, ah, bf16, NV);
+            for (int64_t g = 0; g < heads; g++) {
+                const vf w = vf_set1(s[g * n + t]);
+                for (int c = 0; c < NV; c++)
+                    a[g * NV + c] = vf_fmadd(w, vr[c], a[g * NV + c]);
+            }
+        }
+    }
+    for (int64_t g = 0; g < heads; g++)
+        for (int c = 0; c < NV; c++)
+            vf_store(acc + g * NV * VL + c * VL, a[g * NV + c]);
+}
+
 /* acc [G, hd] = sum_t p[g * n + t] v_t, t ascending, hd = NV * VL: up to 16 / NV heads' sums
  * in registers a pass over the values */
 static inline __attribute__((always_inline)) void
 weigh_values_nv(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
                 const float *s, int64_t G, float *acc, fetch_t fetch, const int NV)
 {
-    const int bf16 = p->kv_bf16, GB = NV >= 16 ? 1 : 16 / NV;
-    const int64_t step = key_step(p);
+    const int GB = NV >= 16 ? 1 : 16 / NV;
     for (int64_t g0 = 0; g0 < G; g0 += GB) {
         const int64_t gn = G - g0 < GB ? G - g0 : GB;
-        vf a[16];
-        for (int i = 0; i < 16; i++)
-            a[i] = vf_zero();
         ahead_t ah = ahead_start(p, pages, n, kvh, p->v, g0 ? FETCH_NONE : fetch);
-        for (int64_t t0 = 0, pg = 0; t0 < n; t0 += p->page_size, pg++) {
-            const char *row = page_row(p, pages[pg], kvh, p->v);
-            for (int64_t t = t0; t < t0 + PAGE_KEYS(p, n, t0); t++, row += step) {
-                vf vr[NV];
-                load_key(vr, row, &ah, bf16, NV);
-                for (int64_t g = 0; g < gn; g++) {
-                    const vf w = vf_set1(s[(g0 + g) * n + t]);
-                    for (int c = 0; c < NV; c++)
-                        a[g * NV + c] = vf_fmadd(w, vr[c], a[g * NV + c]);
-                }
-            }
+        const float *sg = s + g0 * n;
+        float *ag = acc + g0 * NV * VL;
+        switch (gn) {
+        case 1: weigh_group(p, pages, n, kvh, sg, 1, ag, &ah, NV, 1); break;
+        case 2: weigh_group(p, pages, n, kvh, sg, 2, ag, &ah, NV, NV <= 8 ? 2 : 0); break;
+        case 3: weigh_group(p, pages, n, kvh, sg, 3, ag, &ah, NV, NV <= 4 ? 3 : 0); break;
+        default: weigh_group(p, pages, n, kvh, sg, gn, ag, &ah, NV, NV <= 4 ? 4 : 0);
         }
-        for (int64_t g = 0; g < gn; g++)
-            for (int c = 0; c < NV; c++)
-                vf_store(acc + (g0 + g) * NV * VL + c * VL, a[g * NV + c]);
     }
 }
 
@@ -223,12 +241,13 @@ BF16DP static inline __m512 lane_sums16(const __m512 *v)
     return _mm512_permutexvar_ps(order, r);
 }
 
-/* s[g * n + t] = q_g . k_t for bf16 q [G, hd] and a bf16 pool, 16 keys of a page at a time */
-BF16DP static void key_scores_dp(const agl_paged *p, const int64_t *pages, int64_t n,
-                                 int64_t kvh, const uint16_t *q, int64_t G, float *s,
-                                 fetch_t fetch)
+/* s[g * n + t] = q_g . k_t for bf16 q [G, hd] and a bf16 pool, 16 keys of a page at a time;
+ * NC = hd / 32 when known when compiled (the key loop unrolled), else 0 */
+BF16DP static inline __attribute__((always_inline)) void
+key_scores_dp_nc(const agl_paged *p, const int64_t *pages, int64_t n, int64_t kvh,
+                 const uint16_t *q, int64_t G, float *s, fetch_t fetch, const int NC)
 {
-    const int64_t step = key_step(p), nc = p->hd / 32;
+    const int64_t step = key_step(p), nc = NC ? NC : p->hd / 32;
     ahead_t a = ahead_start(p, pages, n, kvh, p->k, fetch);
     for (int64_t t0 = 0, pg = 0; t0 < n; t0 += p->page_size, pg++) {
         const char *page = page_row(p, pages[pg], kvh, p->k);
@@ -258,6 +277,17 @@ BF16DP static void key_scores_dp(const agl_paged *p, const int64_t *pages, int64
                                           lane_sums16(v));
             }
         }
+    }
+}
+
+BF16DP static void key_scores_dp(const agl_paged *p, const int64_t *pages, int64_t n,
+                                 int64_t kvh, const uint16_t *q, int64_t G, float *s,
+                                 fetch_t fetch)
+{
+    switch (p->hd) {
+    case 64: key_scores_dp_nc(p, pages, n, kvh, q, G, s, fetch, 2); break;
+    case 128: key_scores_dp_nc(p, pages, n, kvh, q, G, s, fetch, 4); break;
+    default: key_scores_dp_nc(p, pages, n, kvh, q, G, s, fetch, 0);
     }
 }
 
