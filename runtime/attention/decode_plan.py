@@ -44,6 +44,15 @@ class SharedGroup:
     """Sequences whose first ``pages.numel()`` pages are the same pages (cascade attention)."""
     rows: torch.Tensor          # [m] int64 batch rows
     pages: torch.Tensor         # [n] int64 shared page ids
+    everyone: bool = False      # the rows are all the batch's, in order
+    first_page: int | None = None   # pages[0] when the pages are consecutive ids (a run)
+
+
+def shared_group(rows: list[int], pages: torch.Tensor, batch: int) -> SharedGroup:
+    """The :class:`SharedGroup` of batch rows ``rows`` over ``pages`` [n] (of ``batch`` rows)."""
+    run = pages.numel() == 1 or bool((pages[1:] - pages[:-1] == 1).all())
+    return SharedGroup(torch.tensor(rows), pages, rows == list(range(batch)),
+                       int(pages[0]) if run else None)
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,7 @@ def decode_plan(page_table: torch.Tensor, seq_lens: list[int], page_size: int,
     cols = (torch.tensor(shared)[:, None] + torch.arange(width)[None, :]).clamp_(
         max=table.shape[1] - 1)
     own = OwnPages(table.gather(1, cols), torch.tensor(own_lens, dtype=torch.int64))
-    return DecodePlan(tuple(buckets), tuple(SharedGroup(torch.tensor(rows), table[rows[0], :n])
+    return DecodePlan(tuple(buckets), tuple(shared_group(rows, table[rows[0], :n], B)
                                             for rows, n in groups), own)
 
 

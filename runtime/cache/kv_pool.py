@@ -33,7 +33,7 @@ import torch
 
 from agentlang.runtime.cache.kv_quant import SCALE_DTYPE, KVFormat, dequantize, kv_dtype_name, kv_format, quantize
 from agentlang.runtime.cache.window_pages import WindowPages, window_pool_pages
-from agentlang.runtime.core.huge_pages import empty_on_huge_pages
+from agentlang.runtime.core.huge_pages import full_on_huge_pages
 
 
 @dataclass(frozen=True)
@@ -103,26 +103,18 @@ class KVLayout:
         return n * 2 * self.num_kv_heads * per_head
 
 
-def _filled(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-            value: float) -> torch.Tensor:
-    """A tensor of ``value``; on the CPU on huge pages (attention's reads of scattered pages
-    miss the TLB far less: :mod:`agentlang.runtime.core.huge_pages`)."""
-    if device.type != "cpu":
-        return torch.full(shape, value, dtype=dtype, device=device)
-    return empty_on_huge_pages(shape, dtype).fill_(value)
-
-
 class _Group:
     """The storage of one page group: ``buffer [L, 2, P, S, H, D]`` (+ scales, a byte view)."""
 
     def __init__(self, layout: KVLayout, layers: int, num_pages: int, page_size: int,
                  device: torch.device):
         H, D = layout.num_kv_heads, layout.head_dim
-        self.buffer = _filled((layers, 2, num_pages, page_size, H, D), layout.storage_dtype,
-                              device, 0)
+        self.buffer = full_on_huge_pages((layers, 2, num_pages, page_size, H, D), 0,
+                                         layout.storage_dtype, device)
         self.scales: torch.Tensor | None = None
         if layout.quantized:
-            self.scales = _filled((layers, 2, num_pages, page_size, H), SCALE_DTYPE, device, 1)
+            self.scales = full_on_huge_pages((layers, 2, num_pages, page_size, H), 1, SCALE_DTYPE,
+                                             device)
         # Index ops run on a byte view: CPU torch lacks index_copy_ for float8 tensors.
         self.raw = self.buffer.view(torch.uint8) if layout.quantized else self.buffer
 

@@ -51,3 +51,11 @@ def empty_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     offset = -raw.data_ptr() % HUGE_PAGE
     madvise(raw.data_ptr() + offset, nbytes // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE)
     return raw[offset:offset + nbytes].view(dtype).view(shape)     # refused: 4 KB pages
+
+
+def full_on_huge_pages(shape: tuple[int, ...], value: float, dtype: torch.dtype,
+                       device: torch.device) -> torch.Tensor:
+    """``torch.full``; on the CPU on huge pages (:func:`empty_on_huge_pages`)."""
+    if device.type != "cpu":
+        return torch.full(shape, value, dtype=dtype, device=device)
+    return empty_on_huge_pages(shape, dtype).fill_(value)

@@ -132,3 +132,59 @@ def test_backend_decode_with_and_without_the_native_kernel(monkeypatch, dtype):
     for out in results.values():
         assert ((out.double() - ref).norm() / ref.norm()).item() < tol
     assert calls, "the native kernel was not asked for"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_merge_equals_the_torch_merge(native_lib, dtype):
+    """merge_lse_ (in place, o2 / l2 in one matmul's [H, M, ...] layout) against
+    cascade.merge_lse: float32 to rounding, bf16 within one bf16 step."""
+    from agentlang.runtime.attention.cascade import merge_lse
+
+    M, H, G, D = 5, 3, 3, 40
+    g = torch.Generator().manual_seed(3)
+    o1 = torch.randn(M, H, G, D, generator=g).to(dtype)
+    l1 = torch.randn(M, H, G, generator=g) * 4
+    o2 = torch.randn(H, M, G, D, generator=g).to(dtype).transpose(0, 1)
+    l2 = (torch.randn(H, M, G, generator=g) * 4).transpose(0, 1)
+    ref = merge_lse(o1, l1, o2, l2)
+    got = native_lib.merge_lse_(o1.clone(), l1, o2, l2)
+    tol = 1e-6 if dtype == torch.float32 else 2 ** -7
+    assert ((got.double() - ref.double()).abs() <= tol * ref.double().abs().clamp(min=1)).all()
+    with pytest.raises(ValueError, match="merge_lse_"):
+        native_lib.merge_lse_(o1.clone(), l1, o2.contiguous(), l2)   # o2 not stored [H, M, ...]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["all rows, a run", "some rows, a run", "all rows, scattered"])
+def test_cascade_decode_through_the_native_kernel(monkeypatch, dtype, layout):
+    """A decode step whose rows share leading pages, attended as a cascade (the group's part
+    once, merged natively in place where the group is every row, through the row gathers
+    otherwise; a run of consecutive shared pages read as a view of the pool) against the
+    float64 reference."""
+    from agentlang.runtime.attention import decode_plan
+
+    monkeypatch.setattr(decode_plan, "CASCADE_MIN_KEYS", {})            # any group cascades
+    PS, HKV, HQ, D = 4, 2, 6, 64
+    pool = KVPool(KVLayout(1, HKV, D, dtype), PS, num_pages=96)
+    g = torch.Generator().manual_seed(1)
+    slots = torch.arange(96 * PS)
+    pool.store(0, slots, torch.randn(slots.numel(), HKV, D, generator=g),
+               torch.randn(slots.numel(), HKV, D, generator=g))
+    shared = [5, 2, 9, 7, 11, 3] if "scattered" in layout else list(range(1, 7))
+    tables = [shared + [30 + 3 * i, 31 + 3 * i, 32 + 3 * i] for i in range(4)]
+    prefix = [26, 29, 31, 25]
+    if "some" in layout:
+        tables, prefix = tables + [[60, 61, 62]], prefix + [9]
+    q = torch.randn(len(tables), HQ, D, generator=g).to(dtype)
+    batch = build_forward_batch([[1]] * len(tables), prefix, tables, PS)
+    plan = decode_plan.decode_plan(batch.page_table, batch.seq_lens_list, PS,
+                                   decode_plan.cascade_min_keys(dtype, True))
+    (group,) = plan.groups
+    assert group.everyone == ("all" in layout)
+    assert (group.first_page is None) == ("scattered" in layout)
+    out = TorchAttentionBackend().attend(q, pool, 0, batch, 0.125)
+    k, v = pool.gather_kv(0, torch.arange(96))
+    ref = extend_attention_ref(q, k, v, batch.page_table, batch.q_start_loc, batch.prefix_lens,
+                               batch.seq_lens, 0.125)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert ((out.double() - ref).norm() / ref.norm()).item() < tol

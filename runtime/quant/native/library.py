@@ -77,6 +77,9 @@ class QMatmulLibrary:
         self._softmax = self.entry("agl_softmax_lse_causal", None, ctypes.c_void_p, ctypes.c_int,
                                    ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                    ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int)
+        v, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._merge = self.entry("agl_merge_lse", None, v, v, v, v, i64, i64, i64, i64,
+                                 ctypes.c_int, ctypes.c_int)
         self._sample = self.entry("agl_sample_row", ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_float, ctypes.c_double)
         self._bitmask = self.entry("agl_apply_bitmask", None, ctypes.c_void_p, ctypes.c_int64,
@@ -148,6 +151,27 @@ class QMatmulLibrary:
         if rc != 0:
             raise MemoryError("paged_decode: no memory for the scores")
         return out, lse
+
+    def merge_lse_(self, o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor,
+                   l2: torch.Tensor) -> torch.Tensor:
+        """``cascade.merge_lse`` in place on o1 (``agl_merge_lse``): o1 [M, H, G, D] with lse
+        l1 [M, H, G] becomes the attention over its keys and those of o2, l2, given as
+        [H, M, G, D] / [H, M, G] (the layout of one matmul a KV head) and transposed to o1's
+        shape (``attend_shared``'s result). o1, o2 contiguous float32 or bfloat16 alike, the
+        lse float32. Returns o1."""
+        M, H, G, D = o1.shape
+        o2t, l2t = o2.transpose(0, 1), l2.transpose(0, 1)      # [H, M, G, D] as stored
+        if (o2.shape != o1.shape or l1.shape != (M, H, G) or l2.shape != l1.shape
+                or o1.dtype not in (torch.float32, torch.bfloat16) or o2.dtype != o1.dtype
+                or l1.dtype != torch.float32 or l2.dtype != torch.float32
+                or not (o1.is_contiguous() and l1.is_contiguous() and o2t.is_contiguous()
+                        and l2t.is_contiguous())):
+            raise ValueError("merge_lse_: o1 [M, H, G, D] and l1 [M, H, G] contiguous, o2 / l2 "
+                             "of that shape stored [H, M, ...], float32 or bfloat16 outputs, "
+                             "float32 lse")
+        self._merge(o1.data_ptr(), l1.data_ptr(), o2t.data_ptr(), l2t.data_ptr(), M, H, G, D,
+                    int(o1.dtype == torch.bfloat16), torch.get_num_threads())
+        return o1
 
     def sample_row(self, logits: torch.Tensor, temperature: float, u: float) -> int:
         """The token of ``softmax(logits / temperature)`` at uniform number ``u`` in [0, 1)

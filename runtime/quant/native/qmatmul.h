@@ -95,6 +95,13 @@ typedef struct {
 int agl_paged_decode(const agl_paged *p, const void *q, int q_bf16, void *out, int out_bf16,
                      float *lse, int nthreads);
 
+/* In place: o1 [M, H, G, hd] (lse l1 [M, H, G]) becomes the attention over its keys and those
+ * of o2 [H, M, G, hd] (l2 [H, M, G]: the cascade's shared part, one matmul's layout), merged
+ * by log-sum-exp in float32: (o1 w1 + o2 w2) / (w1 + w2), w = e^(l - max(l1, l2)); o1, o2
+ * bf16 bits with bf16 = 1, else float32 (paged_attention.c). */
+void agl_merge_lse(void *o1, const float *l1, const void *o2, const float *l2, int64_t M,
+                   int64_t H, int64_t G, int64_t hd, int bf16, int nthreads);
+
 /* The bf16 layer's element-wise steps (glue.c): rows of n (norm) or 2 * inter (gate | up). */
 void agl_rmsnorm_bf16(uint16_t *x, const uint16_t *h, const uint16_t *w, int64_t rows,
                       int64_t n, float eps, uint16_t *out, int nthreads);
