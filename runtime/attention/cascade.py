@@ -137,9 +137,19 @@ def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     """Every sequence's queries against one shared K/V, as one matmul per KV head.
 
     q: [M, Hkv, R, D] (M sequences, R query rows each a KV head); k, v: [L, Hkv, D].
-    Returns out [M, Hkv, R, D] and lse [M, Hkv, R], as :func:`attend_lse` per sequence."""
+    Returns out [M, Hkv, R, D] and lse [M, Hkv, R], as :func:`attend_lse` per sequence. bf16
+    on a CPU with AMX bf16 tiles runs the native kernel (``shared_attention.c``: keys and
+    values packed once, scores, softmax and values a 16-row tile at a time; float32 scores,
+    so the last bits differ from :func:`attend_lse`'s): 64 rows x 3 heads over 1k keys,
+    0.62 -> 0.28 ms."""
     M, Hkv, R, D = q.shape
-    o, lse = attend_lse(q.transpose(0, 1).reshape(Hkv, M * R, D), k, v, scale)
+    rows = q.transpose(0, 1).reshape(Hkv, M * R, D)
+    native = qmatmul_library() if q.device.type == "cpu" else None
+    tiles = None
+    if (native is not None and q.dtype == torch.bfloat16 == k.dtype == v.dtype
+            and k.stride()[1:] == (D, 1) and v.stride() == k.stride()):
+        tiles = native.attend_shared_bf16(rows, k, v, scale)     # None: no bf16 tiles here
+    o, lse = tiles if tiles is not None else attend_lse(rows, k, v, scale)
     return o.view(Hkv, M, R, D).transpose(0, 1), lse.view(Hkv, M, R).transpose(0, 1)
 
 

@@ -1,0 +1,306 @@
+/* Attention of many query rows over one shared K/V on AMX tiles (the AMX build only), for
+ * runtime/attention/cascade.py's attend_shared: a decode step whose rows share a prefix
+ * attends to it once, every row of a KV head against the same keys.
+ *
+ * Why: that part is three small matmuls and a softmax a KV head; through torch (oneDNN's bf16
+ * matmul, the native softmax) it took ~0.65 ms a layer for 64 rows x 3 heads over 1k keys,
+ * ~20 ms of a 64-row bf16 decode step of the shared-prefix workload (issue 29). Here each KV
+ * head's keys and values are packed once into the tiles' layouts, and each 16-row tile of
+ * queries runs scores, softmax and values in one pass over L2-resident data.
+ *
+ * Per KV head h (q [H, R, D], k / v [L rows ld elements apart, head h at h * D], bf16):
+ *
+ *   s[r, l] = q_r . k_l                      (float32 tile sums, D in chunks of 32)
+ *   p[r, l] = e^(scale (s - max_l s)) / z     (float32, then rounded to bf16 for the tiles)
+ *   lse[r] = scale max_l s + log z
+ *   out[r] = bf16(sum_l p[r, l] v_l)          (float32 tile sums)
+ *
+ * A row's result depends on its own query and the keys alone (not on the other rows, the
+ * thread count or R); the scores are not rounded to bf16 (torch's matmul rounds them), so
+ * the bits differ from the torch path's in the last places. D must be 64 or 128.
+ *
+ * Layouts (tile = 16 rows x 64 bytes):
+ *   kp [L16 / 16][D / 32][16 kp][16 keys] dwords: (k[l][2 kp'], k[l][2 kp' + 1]) — the B
+ *      operand of q k^T (one 16 x 16 dword transpose a block of keys and chunk of D)
+ *   vp [L32 / 32][D / 16][16 pairs][16 d][2] bf16: (v[2 i][d], v[2 i + 1][d]) — the B operand
+ *      of p v; keys past L are zero in both.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "qmatmul.h"
+#include "vecmath.h"
+
+#ifdef AGL_AMX
+#include <immintrin.h>
+
+#define SATILE __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) sa_tilecfg;
+
+/* every tile 16 rows x 64 bytes: 0-3 sums, 4-7 A operands (queries / p), 1 and 5 B (shared
+ * below as each phase says) */
+SATILE static void sa_tiles(void)
+{
+    sa_tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Whether this CPU multiplies bf16 tiles and Linux lets this process use them (asked once,
+ * when the library is loaded; the permission is process-wide) */
+static int sa_ok;
+
+__attribute__((constructor)) static void sa_ask(void)
+{
+    __builtin_cpu_init();
+    sa_ok = __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("avx512bf16")
+#ifdef SYS_arch_prctl
+            && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+            && 0;
+#endif
+}
+
+/* r[i] = the i-th column of the 16 x 16 dword matrix whose rows were r[0..15] */
+SATILE static inline void transpose16(__m512i *r)
+{
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* Block blk (keys 16 blk ..) of head h's keys into kp (layout above) */
+SATILE static void pack_keys(const uint16_t *k, int64_t L, int64_t ld, int64_t D, int64_t blk,
+                             uint32_t *kp)
+{
+    const int64_t nc = D / 32;
+    for (int64_t c = 0; c < nc; c++) {
+        __m512i r[16];
+        for (int n = 0; n < 16; n++) {
+            const int64_t l = blk * 16 + n;
+            r[n] = l < L ? _mm512_loadu_si512(k + l * ld + c * 32) : _mm512_setzero_si512();
+        }
+        transpose16(r);
+        for (int i = 0; i < 16; i++)
+            _mm512_storeu_si512(kp + ((blk * nc + c) * 16 + i) * 16, r[i]);
+    }
+}
+
+/* Keys 32 j .. 32 j + 31 of head h's values into vp (layout above) */
+SATILE static void pack_values(const uint16_t *v, int64_t L, int64_t ld, int64_t D, int64_t j,
+                               uint16_t *vp)
+{
+    /* lo / hi: d 0..15 / 16..31 of two rows a, b interleaved: a0 b0 a1 b1 .. (words) */
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                        32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    const int64_t d16 = D / 16;
+    for (int64_t i = 0; i < 16; i++) {
+        const int64_t l = j * 32 + 2 * i;
+        for (int64_t d0 = 0; d0 < D; d0 += 32) {
+            const __m512i a = l < L ? _mm512_loadu_si512(v + l * ld + d0) : _mm512_setzero_si512();
+            const __m512i b = l + 1 < L ? _mm512_loadu_si512(v + (l + 1) * ld + d0)
+                                        : _mm512_setzero_si512();
+            uint16_t *t = vp + ((j * d16 + d0 / 16) * 16 + i) * 32;   /* tile d0 / 16, row i */
+            _mm512_storeu_si512(t, _mm512_permutex2var_epi16(a, lo, b));
+            _mm512_storeu_si512(t + 512, _mm512_permutex2var_epi16(a, hi, b));
+        }
+    }
+}
+
+/* s [16, ls] = the 16 query rows qt [16, D] (bf16) times the packed keys, nb blocks of 16 */
+SATILE static void scores(const uint16_t *qt, int64_t D, const uint32_t *kp, int64_t nb,
+                          float *s, int64_t ls)
+{
+    _tile_loadd(4, qt, D * 2);
+    _tile_loadd(5, qt + 32, D * 2);
+    if (D == 128) {
+        _tile_loadd(6, qt + 64, D * 2);
+        _tile_loadd(7, qt + 96, D * 2);
+    }
+    const int64_t nc = D / 32;
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const uint32_t *b = kp + blk * nc * 256;
+        _tile_zero(0);
+        _tile_loadd(1, b, 64);
+        _tile_dpbf16ps(0, 4, 1);
+        _tile_loadd(1, b + 256, 64);
+        _tile_dpbf16ps(0, 5, 1);
+        if (D == 128) {
+            _tile_loadd(1, b + 512, 64);
+            _tile_dpbf16ps(0, 6, 1);
+            _tile_loadd(1, b + 768, 64);
+            _tile_dpbf16ps(0, 7, 1);
+        }
+        _tile_stored(0, s + blk * 16, ls * 4);
+    }
+}
+
+/* o [16, D] float32 = p [16, 32 nj] (bf16, row stride lp) times the packed values */
+SATILE static void values(const uint16_t *p, int64_t lp, const uint16_t *vp, int64_t nj,
+                          int64_t D, float *o)
+{
+    const int64_t d16 = D / 16;
+    for (int64_t g = 0; g < d16; g += 4) {         /* 64 of D at a time: sums in tiles 0-3 */
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t j = 0; j < nj; j++) {
+            const uint16_t *b = vp + (j * d16 + g) * 512;
+            _tile_loadd(4, p + j * 32, lp * 2);
+            _tile_loadd(5, b, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_loadd(5, b + 512, 64);
+            _tile_dpbf16ps(1, 4, 5);
+            _tile_loadd(5, b + 1024, 64);
+            _tile_dpbf16ps(2, 4, 5);
+            _tile_loadd(5, b + 1536, 64);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+        _tile_stored(0, o + g * 16, D * 4);
+        _tile_stored(1, o + g * 16 + 16, D * 4);
+        _tile_stored(2, o + g * 16 + 32, D * 4);
+        _tile_stored(3, o + g * 16 + 48, D * 4);
+    }
+}
+
+/* Row s [L16] (float32, the first L scores; overwritten) -> p [L32] bf16 bits (zero past L);
+ * returns the log-sum-exp of scale s. Each e^x once (kept in s), then scaled and rounded
+ * 32 at a time (vcvtne2ps2bf16: to nearest even, as torch rounds). */
+SATILE static float softmax_row(float *s, int64_t L, int64_t L32, float scale, uint16_t *p)
+{
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    int64_t l = 0;
+    for (; l + 16 <= L; l += 16)
+        vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + l));
+    if (l < L)
+        vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, (__mmask16)((1u << (L - l)) - 1),
+                                                        s + l));
+    const float m = _mm512_reduce_max_ps(vmax);
+    const __m512 vm = _mm512_set1_ps(m), vs = _mm512_set1_ps(scale);
+    __m512 vz = _mm512_setzero_ps();
+    for (l = 0; l < L; l += 16) {
+        const __mmask16 k = L - l >= 16 ? 0xFFFF : (__mmask16)((1u << (L - l)) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(k, vf_exp(_mm512_mul_ps(
+            _mm512_sub_ps(_mm512_loadu_ps(s + l), vm), vs)));
+        _mm512_storeu_ps(s + l, e);           /* zero past L (s has L16 >= l + 16 values) */
+        vz = _mm512_add_ps(vz, e);
+    }
+    const float z = _mm512_reduce_add_ps(vz);
+    const __m512 inv = _mm512_set1_ps(1.0f / z);
+    for (l = 0; l < L32; l += 32) {
+        const __m512 a = l < L ? _mm512_mul_ps(_mm512_loadu_ps(s + l), inv) : _mm512_setzero_ps();
+        const __m512 b = l + 16 < L ? _mm512_mul_ps(_mm512_loadu_ps(s + l + 16), inv)
+                                    : _mm512_setzero_ps();
+        _mm512_storeu_si512(p + l, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+    return scale * m + logf(z);
+}
+
+SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t D, const uint16_t *k,
+                         const uint16_t *v, int64_t L, int64_t ld, float scale, uint16_t *out,
+                         float *lse, int nthreads)
+{
+    const int64_t nb = (L + 15) / 16, nj = (L + 31) / 32, L16 = nb * 16, L32 = nj * 32;
+    const int64_t tiles = (R + 15) / 16;
+    uint32_t *kp = malloc(sizeof(uint16_t) * (size_t)(H * L16 * D));
+    uint16_t *vp = malloc(sizeof(uint16_t) * (size_t)(H * L32 * D));
+    int fail = !kp || !vp;
+    if (!fail) {
+        #pragma omp parallel num_threads(nthreads) reduction(|:fail)
+        {
+            #pragma omp for schedule(static)
+            for (int64_t i = 0; i < H * nb; i++)
+                pack_keys(k + (i / nb) * D, L, ld, D, i % nb, kp + (i / nb) * L16 * D / 2);
+            #pragma omp for schedule(static)
+            for (int64_t i = 0; i < H * nj; i++)
+                pack_values(v + (i / nj) * D, L, ld, D, i % nj, vp + (i / nj) * L32 * D);
+            float *s = malloc(sizeof(float) * (size_t)(16 * L16 + 16 * D));
+            uint16_t *buf = malloc(sizeof(uint16_t) * (size_t)(16 * L32 + 16 * D));
+            if (!s || !buf)
+                fail = 1;
+            else
+                sa_tiles();
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < H * tiles; i++) {
+                if (!s || !buf)
+                    continue;
+                const int64_t h = i / tiles, r0 = (i % tiles) * 16;
+                const int64_t rn = R - r0 < 16 ? R - r0 : 16;
+                uint16_t *p = buf, *qt = buf + 16 * L32;
+                float *o = s + 16 * L16;
+                memset(qt, 0, sizeof(uint16_t) * (size_t)(16 * D));
+                memcpy(qt, q + (h * R + r0) * D, sizeof(uint16_t) * (size_t)(rn * D));
+                scores(qt, D, kp + h * L16 * D / 2, nb, s, L16);
+                for (int64_t r = 0; r < 16; r++) {
+                    const float l = softmax_row(s + r * L16, L, L32, scale, p + r * L32);
+                    if (r < rn)
+                        lse[h * R + r0 + r] = l;
+                }
+                values(p, L32, vp + h * L32 * D, nj, D, o);
+                for (int64_t r = 0; r < rn; r++)
+                    for (int64_t d = 0; d < D; d += VL)
+                        vf_store_bf16(out + (h * R + r0 + r) * D + d, vf_load(o + r * D + d));
+            }
+            if (s && buf)
+                _tile_release();
+            free(s);
+            free(buf);
+        }
+    }
+    free(kp);
+    free(vp);
+    return fail ? -1 : 0;
+}
+#endif
+
+int agl_attend_shared_bf16(const uint16_t *q, int64_t H, int64_t R, int64_t D,
+                           const uint16_t *k, const uint16_t *v, int64_t L, int64_t ld,
+                           float scale, uint16_t *out, float *lse, int nthreads)
+{
+#ifdef AGL_AMX
+    if (!sa_ok)
+        return -3;
+    if ((D != 64 && D != 128) || H < 1 || R < 1 || L < 1 || ld < H * D)
+        return -2;
+    return attend(q, H, R, D, k, v, L, ld, scale, out, lse, nthreads);
+#else
+    (void)q, (void)H, (void)R, (void)D, (void)k, (void)v, (void)L, (void)ld, (void)scale;
+    (void)out, (void)lse, (void)nthreads;
+    return -3;
+#endif
+}
