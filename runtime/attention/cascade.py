@@ -126,10 +126,24 @@ def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
         e = min(n, s + size)
         keys = start + e                                             # L: keys this block sees
         qb = q[s:e].view(e - s, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, (e - s) * G, D)
-        o, _ = attend_lse(qb, k[:keys], v[:keys], scale, CausalTail(e - s, G))  # [Hkv, b*G, D]
+        o, _ = on_tiles(qb, k[:keys], v[:keys], scale, (e - s, G)) or attend_lse(
+            qb, k[:keys], v[:keys], scale, CausalTail(e - s, G))           # [Hkv, b*G, D]
         out[s:e] = o.view(Hkv, e - s, G, D).permute(1, 0, 2, 3).reshape(e - s, Hq, D)
         s = e
     return out
+
+
+def on_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+             causal: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`attend_lse` of q [H, R, D] over k, v [L, H, D] (``causal`` (n, G): under
+    ``CausalTail(n, G)``) on AMX bf16 tiles (``shared_attention.c``: float32 scores, so the
+    last bits differ from attend_lse's), or None where they do not run: not bf16, not on a
+    CPU with the tiles, D not 64 / 128, or K/V whose heads are not contiguous."""
+    native = qmatmul_library() if q.device.type == "cpu" else None
+    if (native is None or not q.dtype == k.dtype == v.dtype == torch.bfloat16
+            or k.stride()[1:] != (q.shape[-1], 1) or v.stride() != k.stride()):
+        return None
+    return native.attend_shared_bf16(q.contiguous(), k, v, scale, causal)
 
 
 def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -144,12 +158,7 @@ def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     0.62 -> 0.28 ms."""
     M, Hkv, R, D = q.shape
     rows = q.transpose(0, 1).reshape(Hkv, M * R, D)
-    native = qmatmul_library() if q.device.type == "cpu" else None
-    tiles = None
-    if (native is not None and q.dtype == torch.bfloat16 == k.dtype == v.dtype
-            and k.stride()[1:] == (D, 1) and v.stride() == k.stride()):
-        tiles = native.attend_shared_bf16(rows, k, v, scale)     # None: no bf16 tiles here
-    o, lse = tiles if tiles is not None else attend_lse(rows, k, v, scale)
+    o, lse = on_tiles(rows, k, v, scale) or attend_lse(rows, k, v, scale)
     return o.view(Hkv, M, R, D).transpose(0, 1), lse.view(Hkv, M, R).transpose(0, 1)
 
 

@@ -13,6 +13,11 @@ def reference(q, k, v, scale):
     return torch.einsum("hrl,lhd->hrd", s.softmax(-1), v.double()), torch.logsumexp(s, -1)
 
 
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| (Frobenius, float64)."""
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
 def inputs(H, R, D, L, seed, spare_heads=0):
     """q [H, R, D]; k, v [L, H, D] bf16, each a slice of [L, H + spare_heads, D] when
     spare_heads (keys further apart than H * D, as a pool's other heads leave them)."""
@@ -23,8 +28,8 @@ def inputs(H, R, D, L, seed, spare_heads=0):
     return q, k, v
 
 
-def tiles_or_skip(native_lib, q, k, v, scale):
-    out = native_lib.attend_shared_bf16(q, k, v, scale)
+def tiles_or_skip(native_lib, q, k, v, scale, causal=None):
+    out = native_lib.attend_shared_bf16(q, k, v, scale, causal)
     if out is None:
         assert native_lib.isa.name != "amx" or not _amx_bf16(), "the AMX build refused"
         pytest.skip(f"the {native_lib.isa.name} build (or this CPU) has no bf16 tiles")
@@ -42,15 +47,14 @@ def _amx_bf16() -> bool:
 @pytest.mark.parametrize("spare_heads", [0, 2])
 def test_against_float64(native_lib, H, R, D, L, spare_heads):
     """Rows not a multiple of 16, keys not a multiple of 16 or 32 (the packs' padding), both
-    head dims, keys further apart than one row of heads; at least as close to float64 as
-    torch's bf16 path (whose scores are rounded to bf16)."""
+    head dims, keys further apart than one row of heads; within bf16 rounding of float64 and
+    at least as close as torch's bf16 path (whose scores are rounded to bf16)."""
     q, k, v = inputs(H, R, D, L, seed=R + L, spare_heads=spare_heads)
     out, lse = tiles_or_skip(native_lib, q, k, v, D ** -0.5)
     ref, ref_lse = reference(q, k, v, D ** -0.5)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape and lse.shape == (H, R)
     torch_out, torch_lse = attend_lse(q, k, v, D ** -0.5)
-    err = (out.double() - ref).abs().max().item()
-    assert err <= max(8e-3, (torch_out.double() - ref).abs().max().item())
+    assert rel_err(out, ref) < 4e-3 and rel_err(out, ref) <= rel_err(torch_out, ref)
     assert (lse.double() - ref_lse).abs().max().item() < 1e-5 * ref_lse.abs().max().item() + 1e-5
 
 
@@ -87,3 +91,22 @@ def test_attend_shared_takes_the_tiles_and_keeps_its_contract():
     assert out.shape == (M, H, G, D) and lse.shape == (M, H, G)
     assert (out.double() - ref.view(H, M, G, D).transpose(0, 1)).abs().max().item() < 8e-3
     assert (lse.double() - ref_lse.view(H, M, G).transpose(0, 1)).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("H,n,G,D,L", [(3, 300, 3, 64, 300), (3, 33, 3, 64, 1000),
+                                       (2, 17, 2, 128, 40), (1, 5, 4, 64, 5), (3, 70, 3, 64, 90)])
+def test_a_causal_block_against_float64(native_lib, H, n, G, D, L):
+    """causal (n, G): row r sees keys up to L - n + r // G (cascade.CausalTail's mask): the
+    float64 reference with that mask, as close as torch's bf16 path."""
+    from agentlang.runtime.attention.cascade import CausalTail
+
+    q, k, v = inputs(H, n * G, D, L, seed=n + L)
+    out, lse = tiles_or_skip(native_lib, q, k, v, D ** -0.5, (n, G))
+    s = torch.einsum("hrd,lhd->hrl", q.double(), k.double()) * D ** -0.5
+    s[..., L - n:] = s[..., L - n:].masked_fill(CausalTail(n, G).mask, float("-inf"))
+    ref = torch.einsum("hrl,lhd->hrd", s.softmax(-1), v.double())
+    torch_out, _ = attend_lse(q, k, v, D ** -0.5, CausalTail(n, G))
+    assert rel_err(out, ref) < 4e-3 and rel_err(out, ref) <= rel_err(torch_out, ref)
+    assert (lse.double() - torch.logsumexp(s, -1)).abs().max().item() < 1e-4
+    with pytest.raises(ValueError, match="causal"):
+        native_lib.attend_shared_bf16(q, k, v, 0.125, (n + 1, G))

@@ -81,7 +81,7 @@ class QMatmulLibrary:
         self._merge = self.entry("agl_merge_lse", None, v, v, v, v, i64, i64, i64, i64,
                                  ctypes.c_int, ctypes.c_int)
         self._shared = self.entry("agl_attend_shared_bf16", ctypes.c_int, v, i64, i64, i64, v,
-                                  v, i64, i64, ctypes.c_float, v, v, ctypes.c_int)
+                                  v, i64, i64, i64, i64, ctypes.c_float, v, v, ctypes.c_int)
         self._sample = self.entry("agl_sample_row", ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_float, ctypes.c_double)
         self._bitmask = self.entry("agl_apply_bitmask", None, ctypes.c_void_p, ctypes.c_int64,
@@ -176,12 +176,18 @@ class QMatmulLibrary:
         return o1
 
     def attend_shared_bf16(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+                           scale: float, causal: tuple[int, int] | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Every row of q [H, R, D] against one K/V [L, H, D] (each key's heads contiguous,
         keys any stride apart), all bfloat16, on AMX tiles (``shared_attention.c``): out
-        [H, R, D] bfloat16 and lse [H, R] float32, as ``cascade.attend_lse`` gives them; None
+        [H, R, D] bfloat16 and lse [H, R] float32, as ``cascade.attend_lse`` gives them;
+        ``causal`` (n, G): ``cascade.CausalTail(n, G)`` over the last n keys (R = n G). None
         where this build or CPU has no bf16 tiles or D is not 64 / 128."""
         H, R, D = q.shape
+        cn, cg = causal or (0, 0)
+        if causal is not None and (not 0 < cn <= k.shape[0] or cg < 1 or R != cn * cg):
+            raise ValueError(f"attend_shared_bf16: causal (n, G) must have 0 < n <= "
+                             f"{k.shape[0]} keys and n * G == {R} rows, got {causal}")
         if (q.dtype != torch.bfloat16 or k.dtype != q.dtype or v.dtype != q.dtype
                 or k.shape != (k.shape[0], H, D) or v.shape != k.shape or k.stride() != v.stride()
                 or k.stride()[1:] != (D, 1) or not q.is_contiguous()):
@@ -190,7 +196,7 @@ class QMatmulLibrary:
         out = torch.empty_like(q)
         lse = torch.empty(H, R, dtype=torch.float32)
         rc = self._shared(q.data_ptr(), H, R, D, k.data_ptr(), v.data_ptr(), k.shape[0],
-                          k.stride(0), scale, out.data_ptr(), lse.data_ptr(),
+                          k.stride(0), cn, cg, scale, out.data_ptr(), lse.data_ptr(),
                           torch.get_num_threads())
         if rc == -1:
             raise MemoryError("attend_shared_bf16: no memory for the packed keys")

@@ -17,7 +17,10 @@
  *
  * A row's result depends on its own query and the keys alone (not on the other rows, the
  * thread count or R); the scores are not rounded to bf16 (torch's matmul rounds them), so
- * the bits differ from the torch path's in the last places. D must be 64 or 128.
+ * the bits differ from the torch path's in the last places. D must be 64 or 128. With a
+ * causal block (cn > 0: rows in (token, head) order, cg heads a token, R = cn cg) row r sees
+ * keys 0 .. L - cn + r / cg only: p is 0 past them, and score and value blocks past a
+ * tile's last row's keys are not computed (a prefill's causal_attend).
  *
  * Layouts (tile = 16 rows x 64 bytes):
  *   kp [L16 / 16][D / 32][16 kp][16 keys] dwords: (k[l][2 kp'], k[l][2 kp' + 1]) — the B
@@ -231,9 +234,16 @@ SATILE static float softmax_row(float *s, int64_t L, int64_t L32, float scale, u
     return scale * m + logf(z);
 }
 
+/* Keys row r sees: all L, or with a causal block of the last cn keys (rows in (token, head)
+ * order, cg heads a token) those up to its own token's */
+static inline int64_t seen(int64_t L, int64_t cn, int64_t cg, int64_t r)
+{
+    return cn ? L - cn + r / cg + 1 : L;
+}
+
 SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t D, const uint16_t *k,
-                         const uint16_t *v, int64_t L, int64_t ld, float scale, uint16_t *out,
-                         float *lse, int nthreads)
+                         const uint16_t *v, int64_t L, int64_t ld, int64_t cn, int64_t cg,
+                         float scale, uint16_t *out, float *lse, int nthreads)
 {
     const int64_t nb = (L + 15) / 16, nj = (L + 31) / 32, L16 = nb * 16, L32 = nj * 32;
     const int64_t tiles = (R + 15) / 16;
@@ -261,17 +271,21 @@ SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t D, con
                     continue;
                 const int64_t h = i / tiles, r0 = (i % tiles) * 16;
                 const int64_t rn = R - r0 < 16 ? R - r0 : 16;
+                /* keys the tile's rows see: blocks past its last row's are not computed */
+                const int64_t Lt = seen(L, cn, cg, r0 + rn - 1);
+                const int64_t nbt = (Lt + 15) / 16, njt = (Lt + 31) / 32;
                 uint16_t *p = buf, *qt = buf + 16 * L32;
                 float *o = s + 16 * L16;
                 memset(qt, 0, sizeof(uint16_t) * (size_t)(16 * D));
                 memcpy(qt, q + (h * R + r0) * D, sizeof(uint16_t) * (size_t)(rn * D));
-                scores(qt, D, kp + h * L16 * D / 2, nb, s, L16);
+                scores(qt, D, kp + h * L16 * D / 2, nbt, s, L16);
                 for (int64_t r = 0; r < 16; r++) {
-                    const float l = softmax_row(s + r * L16, L, L32, scale, p + r * L32);
+                    const int64_t Lr = r < rn ? seen(L, cn, cg, r0 + r) : Lt;
+                    const float l = softmax_row(s + r * L16, Lr, njt * 32, scale, p + r * L32);
                     if (r < rn)
                         lse[h * R + r0 + r] = l;
                 }
-                values(p, L32, vp + h * L32 * D, nj, D, o);
+                values(p, L32, vp + h * L32 * D, njt, D, o);
                 for (int64_t r = 0; r < rn; r++)
                     for (int64_t d = 0; d < D; d += VL)
                         vf_store_bf16(out + (h * R + r0 + r) * D + d, vf_load(o + r * D + d));
@@ -290,17 +304,19 @@ SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t D, con
 
 int agl_attend_shared_bf16(const uint16_t *q, int64_t H, int64_t R, int64_t D,
                            const uint16_t *k, const uint16_t *v, int64_t L, int64_t ld,
-                           float scale, uint16_t *out, float *lse, int nthreads)
+                           int64_t cn, int64_t cg, float scale, uint16_t *out, float *lse,
+                           int nthreads)
 {
 #ifdef AGL_AMX
     if (!sa_ok)
         return -3;
-    if ((D != 64 && D != 128) || H < 1 || R < 1 || L < 1 || ld < H * D)
+    if ((D != 64 && D != 128) || H < 1 || R < 1 || L < 1 || ld < H * D || cn < 0 || cn > L
+        || (cn && (cg < 1 || R != cn * cg)))
         return -2;
-    return attend(q, H, R, D, k, v, L, ld, scale, out, lse, nthreads);
+    return attend(q, H, R, D, k, v, L, ld, cn, cg, scale, out, lse, nthreads);
 #else
     (void)q, (void)H, (void)R, (void)D, (void)k, (void)v, (void)L, (void)ld, (void)scale;
-    (void)out, (void)lse, (void)nthreads;
+    (void)cn, (void)cg, (void)out, (void)lse, (void)nthreads;
     return -3;
 #endif
 }
