@@ -171,6 +171,20 @@ def merge_lse(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Te
     return (merged / (w1 + w2)[..., None]).to(o1.dtype)
 
 
+def merged(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor
+           ) -> torch.Tensor:
+    """:func:`merge_lse` of o1 [M, H, R, D] (lse l1) with :func:`attend_shared`'s (o2, l2):
+    in place on o1 by the native library (``merge_lse_``, one call) where it takes them (CPU,
+    float32 / bf16, o1 and l1 contiguous, o2 and l2 as attend_shared lays them out), else
+    merge_lse's new tensor. Use the result, not o1."""
+    native = qmatmul_library() if o1.device.type == "cpu" else None
+    if (native is not None and o1.dim() == 4 and o1.dtype in (torch.float32, torch.bfloat16)
+            and o2.dtype == o1.dtype and o1.is_contiguous() and l1.is_contiguous()
+            and o2.transpose(0, 1).is_contiguous() and l2.transpose(0, 1).is_contiguous()):
+        return native.merge_lse_(o1, l1, o2, l2)
+    return merge_lse(o1, l1, o2, l2)
+
+
 @dataclass(frozen=True)
 class OwnBucket:
     """Members with the same new tokens ``n`` and own context ``length`` (the keys after the
@@ -245,6 +259,6 @@ def extend_group(q: torch.Tensor, out: torch.Tensor, pool, layer: int, group: Ex
             qb = qb.reshape(mc, Hkv, n * G, D)                            # rows in (token, head) order
             o_own, l_own = attend_lse(qb, *kv_of(pool, layer, bk.pages[c:c + per], bk.length,
                                                  q.dtype), scale, bk.masked)
-            o = merge_lse(o_own, l_own, *attend_shared(qb, ks, vs, scale))  # [mc, Hkv, n*G, D]
+            o = merged(o_own, l_own, *attend_shared(qb, ks, vs, scale))     # [mc, Hkv, n*G, D]
             out[tokens.reshape(-1)] = o.view(mc, Hkv, n, G, D).transpose(1, 2).reshape(
                 mc * n, Hq, D)

@@ -30,7 +30,7 @@ import torch
 
 from agentlang.runtime.attention.cascade import (attend_lse, attend_shared, causal_attend,
                                                  extend_group, extend_plan, kv_of,
-                                                 merge_lse)
+                                                 merge_lse, merged)
 from agentlang.runtime.attention.decode_plan import DecodePlan, cascade_min_keys, decode_plan
 from agentlang.runtime.attention.forward_batch import ForwardBatch
 from agentlang.runtime.attention.window import windowed_attend
@@ -65,12 +65,11 @@ def merge_shared(qg, out, lse, pool: KVPool, layer: int, plan: DecodePlan, scale
         else:
             kp, vp = kv_of(pool, layer, g.pages, length, qg.dtype)       # [n*S, Hkv, D]
         o2, l2 = attend_shared(qg if g.everyone else qg[g.rows], kp, vp, scale)
-        if native is None or not o2.transpose(0, 1).is_contiguous():
-            out[g.rows] = merge_lse(out[g.rows], lse[g.rows], o2, l2)
-        elif g.everyone:
-            native.merge_lse_(out, lse, o2, l2)
+        if native is not None and g.everyone:
+            out = merged(out, lse, o2, l2)                  # in place where it can
         else:
-            out[g.rows] = native.merge_lse_(out[g.rows], lse[g.rows], o2, l2)
+            out[g.rows] = (merge_lse if native is None else merged)(out[g.rows], lse[g.rows],
+                                                                    o2, l2)
     return out
 
 

@@ -49,8 +49,8 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) sa_tilecfg;
 
-/* every tile 16 rows x 64 bytes: 0-3 sums, 4-7 A operands (queries / p), 1 and 5 B (shared
- * below as each phase says) */
+/* every tile 16 rows x 64 bytes; scores: sums 0 and 2, keys 1 and 3, queries 4-7; values:
+ * sums 0-3, p 4, values 5-7 */
 SATILE static void sa_tiles(void)
 {
     sa_tilecfg c;
@@ -144,7 +144,9 @@ SATILE static void pack_values(const uint16_t *v, int64_t L, int64_t ld, int64_t
     }
 }
 
-/* s [16, ls] = the 16 query rows qt [16, D] (bf16) times the packed keys, nb blocks of 16 */
+/* s [16, ls] = the 16 query rows qt [16, D] (bf16) times the packed keys, nb blocks of 16,
+ * two blocks in flight (sums in tiles 0 and 2, their keys in 1 and 3): a tile's product
+ * waits for the last one on that tile, so one chain at a time left the unit idle */
 SATILE static void scores(const uint16_t *qt, int64_t D, const uint32_t *kp, int64_t nb,
                           float *s, int64_t ls)
 {
@@ -155,24 +157,44 @@ SATILE static void scores(const uint16_t *qt, int64_t D, const uint32_t *kp, int
         _tile_loadd(7, qt + 96, D * 2);
     }
     const int64_t nc = D / 32;
-    for (int64_t blk = 0; blk < nb; blk++) {
-        const uint32_t *b = kp + blk * nc * 256;
+    for (int64_t blk = 0; blk < nb; blk += 2) {
+        const uint32_t *b = kp + blk * nc * 256, *b2 = blk + 1 < nb ? b + nc * 256 : NULL;
         _tile_zero(0);
+        _tile_zero(2);
         _tile_loadd(1, b, 64);
         _tile_dpbf16ps(0, 4, 1);
+        if (b2) {
+            _tile_loadd(3, b2, 64);
+            _tile_dpbf16ps(2, 4, 3);
+        }
         _tile_loadd(1, b + 256, 64);
         _tile_dpbf16ps(0, 5, 1);
+        if (b2) {
+            _tile_loadd(3, b2 + 256, 64);
+            _tile_dpbf16ps(2, 5, 3);
+        }
         if (D == 128) {
             _tile_loadd(1, b + 512, 64);
             _tile_dpbf16ps(0, 6, 1);
+            if (b2) {
+                _tile_loadd(3, b2 + 512, 64);
+                _tile_dpbf16ps(2, 6, 3);
+            }
             _tile_loadd(1, b + 768, 64);
             _tile_dpbf16ps(0, 7, 1);
+            if (b2) {
+                _tile_loadd(3, b2 + 768, 64);
+                _tile_dpbf16ps(2, 7, 3);
+            }
         }
         _tile_stored(0, s + blk * 16, ls * 4);
+        if (b2)
+            _tile_stored(2, s + blk * 16 + 16, ls * 4);
     }
 }
 
-/* o [16, D] float32 = p [16, 32 nj] (bf16, row stride lp) times the packed values */
+/* o [16, D] float32 = p [16, 32 nj] (bf16, row stride lp) times the packed values; the four
+ * sums' values in tiles 5, 6, 7, 5 (a reload of a tile waits for the product reading it) */
 SATILE static void values(const uint16_t *p, int64_t lp, const uint16_t *vp, int64_t nj,
                           int64_t D, float *o)
 {
@@ -186,11 +208,11 @@ SATILE static void values(const uint16_t *p, int64_t lp, const uint16_t *vp, int
             const uint16_t *b = vp + (j * d16 + g) * 512;
             _tile_loadd(4, p + j * 32, lp * 2);
             _tile_loadd(5, b, 64);
+            _tile_loadd(6, b + 512, 64);
+            _tile_loadd(7, b + 1024, 64);
             _tile_dpbf16ps(0, 4, 5);
-            _tile_loadd(5, b + 512, 64);
-            _tile_dpbf16ps(1, 4, 5);
-            _tile_loadd(5, b + 1024, 64);
-            _tile_dpbf16ps(2, 4, 5);
+            _tile_dpbf16ps(1, 4, 6);
+            _tile_dpbf16ps(2, 4, 7);
             _tile_loadd(5, b + 1536, 64);
             _tile_dpbf16ps(3, 4, 5);
         }
@@ -201,9 +223,26 @@ SATILE static void values(const uint16_t *p, int64_t lp, const uint16_t *vp, int
     }
 }
 
+/* 2^t for t <= 0 (16 lanes): t = n + f, |f| <= 1/2, 2^f by its degree-6 Taylor polynomial
+ * (within 2e-7 relative), scaled by 2^n (vscalefps: 0 once the result underflows) */
+SATILE static inline __m512 exp2_nonpositive(__m512 t)
+{
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.5403530e-4f);                 /* ln2^k / k!, k = 6 .. 0 */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
 /* Row s [L16] (float32, the first L scores; overwritten) -> p [L32] bf16 bits (zero past L);
- * returns the log-sum-exp of scale s. Each e^x once (kept in s), then scaled and rounded
- * 32 at a time (vcvtne2ps2bf16: to nearest even, as torch rounds). */
+ * returns the log-sum-exp of scale s. Each e^(scale (s - max)) once, as 2^t with t one FMA
+ * of s (kept in s), then scaled and rounded 32 at a time (vcvtne2ps2bf16: to nearest even,
+ * as torch rounds). */
 SATILE static float softmax_row(float *s, int64_t L, int64_t L32, float scale, uint16_t *p)
 {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
@@ -213,13 +252,14 @@ SATILE static float softmax_row(float *s, int64_t L, int64_t L32, float scale, u
     if (l < L)
         vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, (__mmask16)((1u << (L - l)) - 1),
                                                         s + l));
-    const float m = _mm512_reduce_max_ps(vmax);
-    const __m512 vm = _mm512_set1_ps(m), vs = _mm512_set1_ps(scale);
+    const float m = _mm512_reduce_max_ps(vmax), c = scale * 1.44269504f;     /* log2 e */
+    const __m512 vc = _mm512_set1_ps(c), vmc = _mm512_set1_ps(-m * c);
     __m512 vz = _mm512_setzero_ps();
     for (l = 0; l < L; l += 16) {
         const __mmask16 k = L - l >= 16 ? 0xFFFF : (__mmask16)((1u << (L - l)) - 1);
-        const __m512 e = _mm512_maskz_mov_ps(k, vf_exp(_mm512_mul_ps(
-            _mm512_sub_ps(_mm512_loadu_ps(s + l), vm), vs)));
+        const __m512 t = _mm512_min_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s + l), vc, vmc),
+                                       _mm512_setzero_ps());
+        const __m512 e = _mm512_maskz_mov_ps(k, exp2_nonpositive(t));
         _mm512_storeu_ps(s + l, e);           /* zero past L (s has L16 >= l + 16 values) */
         vz = _mm512_add_ps(vz, e);
     }
