@@ -214,3 +214,48 @@ def test_a_group_too_small_to_pay_runs_as_rows(monkeypatch, dtype):
         assert len(batch.memo["torch.decode"].groups) == groups
         assert rel(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
     assert decode_plan.cascade_min_keys(dtype, native=False) == 0   # torch's buckets: always
+
+
+@pytest.mark.parametrize("tokens,members,grouped", [(272, 27, True), (1024, 9, True),
+                                                    (768, 8, True), (128, 27, False),
+                                                    (1024, 6, False), (2048, 3, False)])
+def test_the_tiles_rule_groups_many_members_not_few(tokens, members, grouped):
+    """On AMX bf16 tiles a decode cascade group needs shared tokens x (members - 4) >= 3072
+    (the measured crossovers in decode_plan's comment); without tiles the bf16 rule (16k
+    shared keys) keeps all six as rows."""
+    S = 16
+    n = tokens // S
+    table = torch.tensor([list(range(n)) + [1000 + 4 * m, 1001 + 4 * m] for m in range(members)])
+    lens = [tokens + 20] * members
+    min_keys, discount = decode_plan.cascade_rule(torch.bfloat16, True, tiles=True)
+    assert (min_keys, discount) == (3072, 4)
+    groups = decode_plan.shared_prefix_groups(table, lens, S, min_keys, discount=discount)[1]
+    assert bool(groups) == grouped
+    plain = decode_plan.cascade_rule(torch.bfloat16, True, tiles=False)
+    assert plain == (16_384, 0) and not decode_plan.shared_prefix_groups(table, lens, S, *plain[:1])[1]
+    assert decode_plan.cascade_rule(torch.float32, True, tiles=True) == (131_072, 0)
+    assert decode_plan.cascade_rule(torch.bfloat16, False, tiles=True) == (0, 0)
+
+
+def test_the_backend_plans_by_the_tiles_rule_where_they_run():
+    """27 rows sharing 17 pages of 16 (272 tokens): one cascade group where the native
+    library has bf16 tiles, rows elsewhere; both match the reference."""
+    lib = torch_backend.qmatmul_library()
+    if lib is None:
+        pytest.skip("the native library does not run on this CPU")
+    S, n, members = 16, 17, 27
+    pool = KVPool(KVLayout(1, 3, 64, torch.bfloat16), S, num_pages=n + 2 * members)
+    g = torch.Generator().manual_seed(3)
+    slots = torch.arange(pool.num_pages * S)
+    pool.store(0, slots, torch.randn(slots.numel(), 3, 64, generator=g),
+               torch.randn(slots.numel(), 3, 64, generator=g))
+    tables = [list(range(n)) + [n + 2 * m, n + 2 * m + 1] for m in range(members)]
+    q = torch.randn(members, 9, 64, generator=g).bfloat16()
+    batch = build_forward_batch([[1]] * members, [n * S + 5 + m % 7 for m in range(members)],
+                                tables, S)
+    out = TorchAttentionBackend().attend(q, pool, 0, batch, 0.125)
+    k, v = pool.gather_kv(0, torch.arange(pool.num_pages))
+    ref = extend_attention_ref(q, k, v, batch.page_table, batch.q_start_loc, batch.prefix_lens,
+                               batch.seq_lens, 0.125)
+    assert rel(out, ref) < 1e-2
+    assert len(batch.memo["torch.decode"].groups) == (1 if lib.bf16_tiles() else 0)
