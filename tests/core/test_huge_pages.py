@@ -15,17 +15,19 @@ from agentlang.runtime.core.huge_pages import HUGE_PAGE, empty_on_huge_pages
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def huge_kb_at(t: torch.Tensor) -> int:
-    """AnonHugePages (kB) of the mapping that holds t's first byte (/proc/self/smaps)."""
+def vm_flags_at(t: torch.Tensor) -> set[str]:
+    """The VmFlags of the mapping that holds t's first byte (/proc/self/smaps): ``hg`` where
+    madvise(MADV_HUGEPAGE) was asked for it. Whether Linux then finds free 2 MB pages depends
+    on the machine's memory (fragmentation), so that is what the tests can hold."""
     addr, inside = t.data_ptr(), False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and ":" not in head:
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo <= addr < hi
-        elif inside and head == "AnonHugePages:":
-            return int(line.split()[1])
-    return 0
+        elif inside and head == "VmFlags:":
+            return set(line.split()[1:])
+    return set()
 
 
 @pytest.mark.parametrize("shape, dtype", [((3, 1024, 1024), torch.bfloat16),
@@ -41,12 +43,11 @@ def test_shape_dtype_and_values_as_torch_empty(shape, dtype):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not THP.exists()
                     or "[never]" in THP.read_text(), reason="no transparent huge pages here")
-def test_a_large_tensor_is_backed_by_huge_pages():
+def test_a_large_tensor_is_asked_onto_huge_pages():
     t = empty_on_huge_pages((64 << 20,), torch.uint8).fill_(1)
-    assert huge_kb_at(t) >= 2048, "madvise(MADV_HUGEPAGE) did not give the tensor huge pages"
+    assert "hg" in vm_flags_at(t), "madvise(MADV_HUGEPAGE) was not applied to the tensor"
     plain = torch.empty(64 << 20, dtype=torch.uint8).fill_(1)
-    if "[madvise]" in THP.read_text():       # the contrast: not asked, not given
-        assert huge_kb_at(plain) == 0
+    assert "hg" not in vm_flags_at(plain)
 
 
 def test_kv_pool_buffers_start_zeroed_and_quantized_scales_at_one():
