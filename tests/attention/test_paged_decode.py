@@ -17,6 +17,16 @@ def pool_tensors(P, S, Hkv, D, dtype, seed):
             torch.randn(P, S, Hkv, D, generator=g).to(dtype))
 
 
+def filled_pool(PS, HKV, D, dtype, seed, num_pages=96):
+    """A one-layer pool of random K/V in every slot, and the generator that filled it."""
+    pool = KVPool(KVLayout(1, HKV, D, dtype), PS, num_pages=num_pages)
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.arange(num_pages * PS)
+    pool.store(0, slots, torch.randn(slots.numel(), HKV, D, generator=g),
+               torch.randn(slots.numel(), HKV, D, generator=g))
+    return pool, g
+
+
 def reference(q, k, v, pages, lens, scale):
     """float64 out [B, Hq, D] and lse [B, Hq]."""
     B, Hq, D = q.shape
@@ -105,11 +115,7 @@ def test_backend_decode_with_and_without_the_native_kernel(monkeypatch, dtype):
     native kernel and through torch's gathers: both match the reference; the native one is
     used where the library runs."""
     PS, HKV, HQ, D = 4, 2, 6, 64
-    pool = KVPool(KVLayout(1, HKV, D, dtype), PS, num_pages=96)
-    g = torch.Generator().manual_seed(0)
-    slots = torch.arange(96 * PS)
-    pool.store(0, slots, torch.randn(slots.numel(), HKV, D, generator=g),
-               torch.randn(slots.numel(), HKV, D, generator=g))
+    pool, g = filled_pool(PS, HKV, D, dtype, seed=0)
     shared = list(range(1, 7))
     tables = [shared + [30 + 3 * i, 31 + 3 * i, 32 + 3 * i] for i in range(4)] + [[60, 61, 62]]
     prefix = [26, 29, 31, 25, 9]
@@ -165,11 +171,7 @@ def test_cascade_decode_through_the_native_kernel(monkeypatch, dtype, layout):
 
     monkeypatch.setattr(decode_plan, "CASCADE_MIN_KEYS", {})            # any group cascades
     PS, HKV, HQ, D = 4, 2, 6, 64
-    pool = KVPool(KVLayout(1, HKV, D, dtype), PS, num_pages=96)
-    g = torch.Generator().manual_seed(1)
-    slots = torch.arange(96 * PS)
-    pool.store(0, slots, torch.randn(slots.numel(), HKV, D, generator=g),
-               torch.randn(slots.numel(), HKV, D, generator=g))
+    pool, g = filled_pool(PS, HKV, D, dtype, seed=1)
     shared = [5, 2, 9, 7, 11, 3] if "scattered" in layout else list(range(1, 7))
     tables = [shared + [30 + 3 * i, 31 + 3 * i, 32 + 3 * i] for i in range(4)]
     prefix = [26, 29, 31, 25]

@@ -144,6 +144,18 @@ SATILE static void pack_values(const uint16_t *v, int64_t L, int64_t ld, int64_t
     }
 }
 
+/* chunk C (32 of D) of the two blocks' products, its queries in tile A (a literal: the tile
+ * intrinsics paste it into the instruction): keys b / b2 (b2 NULL: one block left) */
+#define SCORE_CHUNK(C, A)                                                                      \
+    do {                                                                                      \
+        _tile_loadd(1, b + (C) * 256, 64);                                                    \
+        _tile_dpbf16ps(0, A, 1);                                                              \
+        if (b2) {                                                                             \
+            _tile_loadd(3, b2 + (C) * 256, 64);                                               \
+            _tile_dpbf16ps(2, A, 3);                                                          \
+        }                                                                                     \
+    } while (0)
+
 /* s [16, ls] = the 16 query rows qt [16, D] (bf16) times the packed keys, nb blocks of 16,
  * two blocks in flight (sums in tiles 0 and 2, their keys in 1 and 3): a tile's product
  * waits for the last one on that tile, so one chain at a time left the unit idle */
@@ -161,31 +173,11 @@ SATILE static void scores(const uint16_t *qt, int64_t D, const uint32_t *kp, int
         const uint32_t *b = kp + blk * nc * 256, *b2 = blk + 1 < nb ? b + nc * 256 : NULL;
         _tile_zero(0);
         _tile_zero(2);
-        _tile_loadd(1, b, 64);
-        _tile_dpbf16ps(0, 4, 1);
-        if (b2) {
-            _tile_loadd(3, b2, 64);
-            _tile_dpbf16ps(2, 4, 3);
-        }
-        _tile_loadd(1, b + 256, 64);
-        _tile_dpbf16ps(0, 5, 1);
-        if (b2) {
-            _tile_loadd(3, b2 + 256, 64);
-            _tile_dpbf16ps(2, 5, 3);
-        }
+        SCORE_CHUNK(0, 4);
+        SCORE_CHUNK(1, 5);
         if (D == 128) {
-            _tile_loadd(1, b + 512, 64);
-            _tile_dpbf16ps(0, 6, 1);
-            if (b2) {
-                _tile_loadd(3, b2 + 512, 64);
-                _tile_dpbf16ps(2, 6, 3);
-            }
-            _tile_loadd(1, b + 768, 64);
-            _tile_dpbf16ps(0, 7, 1);
-            if (b2) {
-                _tile_loadd(3, b2 + 768, 64);
-                _tile_dpbf16ps(2, 7, 3);
-            }
+            SCORE_CHUNK(2, 6);
+            SCORE_CHUNK(3, 7);
         }
         _tile_stored(0, s + blk * 16, ls * 4);
         if (b2)
