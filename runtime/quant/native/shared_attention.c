@@ -146,7 +146,7 @@ SATILE static void pack_values(const uint16_t *v, int64_t L, int64_t ld, int64_t
 
 /* chunk C (32 of D) of the two blocks' products, its queries in tile A (a literal: the tile
  * intrinsics paste it into the instruction): keys b / b2 (b2 NULL: one block left) */
-#define SCORE_CHUNK(C, A)                                                                      \
+#define SCORE_CHUNK(C, A)                                                                     \
     do {                                                                                      \
         _tile_loadd(1, b + (C) * 256, 64);                                                    \
         _tile_dpbf16ps(0, A, 1);                                                              \
