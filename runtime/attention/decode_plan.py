@@ -20,14 +20,7 @@ MIN_SHARED_PAGES = 2     # shorter shared prefixes are not worth a separate pass
 # members' shared keys add up to this many; measured on 2 AVX-512 cores, 9 / 3 heads of 64
 # (issue 29): bf16 1k shared keys x 27 rows 0.73 vs 0.98 ms as rows, 256 x 27 0.37 vs 0.30 ms;
 # float32 rows were faster up to 1k x 64.
-# Where bf16's shared part runs on AMX tiles (runtime/quant/native/shared_attention.c) the
-# cascade costs a fixed part plus little a member: it pays once shared tokens x (members -
-# TILES_DISCOUNT) reach TILES' entry; measured on the AMX Xeon, 9 / 3 heads of 64, cascade vs
-# rows a layer: 272 x 27 0.17 vs 0.21 ms, 512 x 12 0.15 vs 0.17, 768 x 8 0.16 vs 0.17,
-# 1024 x 9 0.22 vs 0.26; 128 x 27 0.13 vs 0.12, 1024 x 6 0.20 vs 0.17, 2048 x 3 0.29 vs 0.20.
-TILES = "bfloat16 on AMX tiles"
-TILES_DISCOUNT = 4
-CASCADE_MIN_KEYS = {torch.bfloat16: 16_384, torch.float32: 131_072, TILES: 3_072}
+CASCADE_MIN_KEYS = {torch.bfloat16: 16_384, torch.float32: 131_072}
 
 
 def cascade_min_keys(dtype: torch.dtype, native: bool) -> int:
@@ -35,16 +28,6 @@ def cascade_min_keys(dtype: torch.dtype, native: bool) -> int:
     ``dtype`` queries: 0 without the native kernel (torch's gathered buckets re-read a shared
     prefix per row, so any group of :data:`MIN_SHARED_PAGES` pays)."""
     return CASCADE_MIN_KEYS.get(dtype, 0) if native else 0
-
-
-def cascade_rule(dtype: torch.dtype, native: bool, tiles: bool) -> tuple[int, int]:
-    """(min_keys, discount) of :func:`shared_prefix_groups` for a step of ``dtype`` queries:
-    :func:`cascade_min_keys` and no discount, or where the shared part runs on AMX bf16
-    ``tiles`` (and :data:`CASCADE_MIN_KEYS` has their entry) that entry and
-    :data:`TILES_DISCOUNT`."""
-    if native and tiles and dtype == torch.bfloat16 and TILES in CASCADE_MIN_KEYS:
-        return CASCADE_MIN_KEYS[TILES], TILES_DISCOUNT
-    return cascade_min_keys(dtype, native), 0
 
 
 @dataclass(frozen=True)
@@ -87,11 +70,10 @@ class DecodePlan:
 
 
 def decode_plan(page_table: torch.Tensor, seq_lens: list[int], page_size: int,
-                min_keys: int = 0, discount: int = 0) -> DecodePlan:
+                min_keys: int = 0) -> DecodePlan:
     """The plan of a decode step. page_table: [B, max_pages]; seq_lens[b] includes the new
-    token; ``min_keys``, ``discount``: see :func:`shared_prefix_groups`."""
-    shared, groups = shared_prefix_groups(page_table, seq_lens, page_size, min_keys,
-                                          discount=discount)
+    token; ``min_keys``: see :func:`shared_prefix_groups`."""
+    shared, groups = shared_prefix_groups(page_table, seq_lens, page_size, min_keys)
     own_lens = [n - s * page_size for n, s in zip(seq_lens, shared)]
     table = page_table.long()
     B = len(seq_lens)
@@ -120,12 +102,11 @@ def decode_plan(page_table: torch.Tensor, seq_lens: list[int], page_size: int,
 
 
 def shared_prefix_groups(table: torch.Tensor, seq_lens: list[int], page_size: int,
-                         min_keys: int = 0, queries: list[int] | None = None,
-                         discount: int = 0) -> tuple[list[int], list[tuple[list[int], int]]]:
+                         min_keys: int = 0, queries: list[int] | None = None
+                         ) -> tuple[list[int], list[tuple[list[int], int]]]:
     """Groups of decode sequences whose leading pages are the same pages: at least
-    :data:`MIN_SHARED_PAGES` of them, and (``min_keys`` > 0) ``min_keys`` shared keys over all
-    members' query tokens (``queries[b]`` each, default 1) less ``discount`` of them
-    (:func:`cascade_rule`).
+    :data:`MIN_SHARED_PAGES` of them, and ``min_keys`` shared keys over all members' query
+    tokens (``queries[b]`` each, default 1; :func:`cascade_min_keys`).
 
     Returns (shared pages per sequence, [(member rows, shared pages)]). A sequence's own
     newest token is never inside the shared part.
@@ -146,8 +127,7 @@ def shared_prefix_groups(table: torch.Tensor, seq_lens: list[int], page_size: in
         same = (sub == sub[:1]).all(dim=0).int().cumprod(0)
         n = int(same.sum())
         asking = len(rows) if queries is None else sum(queries[b] for b in rows)
-        if n >= MIN_SHARED_PAGES and (min_keys <= 0
-                                      or n * page_size * (asking - discount) >= min_keys):
+        if n >= MIN_SHARED_PAGES and n * page_size * asking >= min_keys:
             groups.append((rows, n))
             for b in rows:
                 shared[b] = n

@@ -31,7 +31,7 @@ import torch
 from agentlang.runtime.attention.cascade import (attend_lse, attend_shared, causal_attend,
                                                  extend_group, extend_plan, kv_of,
                                                  merge_lse, merged)
-from agentlang.runtime.attention.decode_plan import DecodePlan, cascade_rule, decode_plan
+from agentlang.runtime.attention.decode_plan import DecodePlan, cascade_min_keys, decode_plan
 from agentlang.runtime.attention.forward_batch import ForwardBatch
 from agentlang.runtime.attention.window import windowed_attend
 from agentlang.runtime.cache.kv_pool import KVPool
@@ -122,11 +122,10 @@ class TorchAttentionBackend:
             return windowed_attend(q, pool, layer, batch, scale, window, softcap)
         seq_lens = batch.seq_lens_list
         native = native_decode(q, pool)
-        min_keys, discount = cascade_rule(q.dtype, native is not None,
-                                          native is not None and native.bf16_tiles())
+        min_keys = cascade_min_keys(q.dtype, native is not None)
         if batch.is_decode:
-            plan = batch.cached("torch.decode", lambda: decode_plan(
-                batch.page_table, seq_lens, pool.page_size, min_keys, discount))
+            plan = batch.cached("torch.decode", lambda: decode_plan(batch.page_table, seq_lens,
+                                                                    pool.page_size, min_keys))
             return self._decode(q, pool, layer, plan, scale)
         out = torch.empty_like(q)
         starts = batch.q_start_loc.tolist()
@@ -136,7 +135,7 @@ class TorchAttentionBackend:
             rows = [starts[b] for b in singles]
             plan = batch.cached("torch.decode_singles", lambda: decode_plan(
                 batch.page_table[singles], [seq_lens[b] for b in singles], pool.page_size,
-                min_keys, discount))
+                min_keys))
             out[rows] = self._decode(q[rows], pool, layer, plan, scale)
         else:
             singles = []

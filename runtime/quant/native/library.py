@@ -82,7 +82,6 @@ class QMatmulLibrary:
                                  ctypes.c_int, ctypes.c_int)
         self._shared = self.entry("agl_attend_shared_bf16", ctypes.c_int, v, i64, i64, i64, v,
                                   v, i64, i64, i64, i64, ctypes.c_float, v, v, ctypes.c_int)
-        self._tiles = self.entry("agl_bf16_tiles", ctypes.c_int)
         self._sample = self.entry("agl_sample_row", ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_float, ctypes.c_double)
         self._bitmask = self.entry("agl_apply_bitmask", None, ctypes.c_void_p, ctypes.c_int64,
@@ -175,11 +174,6 @@ class QMatmulLibrary:
         self._merge(o1.data_ptr(), l1.data_ptr(), o2t.data_ptr(), l2t.data_ptr(), M, H, G, D,
                     int(o1.dtype == torch.bfloat16), torch.get_num_threads())
         return o1
-
-    def bf16_tiles(self) -> bool:
-        """Whether :meth:`attend_shared_bf16` runs here (the AMX build on a CPU with bf16
-        tiles and Linux's permission)."""
-        return bool(self._tiles())
 
     def attend_shared_bf16(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            scale: float, causal: tuple[int, int] | None = None

@@ -111,8 +111,6 @@ int agl_attend_shared_bf16(const uint16_t *q, int64_t H, int64_t R, int64_t hd,
                            const uint16_t *k, const uint16_t *v, int64_t L, int64_t ld,
                            int64_t cn, int64_t cg, float scale, uint16_t *out, float *lse,
                            int nthreads);
-/* 1 where agl_attend_shared_bf16 runs (the AMX build, bf16 tiles, Linux's permission) */
-int agl_bf16_tiles(void);
 
 /* The bf16 layer's element-wise steps (glue.c): rows of n (norm) or 2 * inter (gate | up). */
 void agl_rmsnorm_bf16(uint16_t *x, const uint16_t *h, const uint16_t *w, int64_t rows,

@@ -352,12 +352,3 @@ int agl_attend_shared_bf16(const uint16_t *q, int64_t H, int64_t R, int64_t D,
     return -3;
 #endif
 }
-
-int agl_bf16_tiles(void)
-{
-#ifdef AGL_AMX
-    return sa_ok;
-#else
-    return 0;
-#endif
-}
