@@ -156,11 +156,12 @@ SATILE static void pack_values(const uint16_t *v, int64_t L, int64_t ld, int64_t
         }                                                                                     \
     } while (0)
 
-/* s [16, ls] = the 16 query rows qt [16, D] (bf16) times the packed keys, nb blocks of 16,
+/* s [nb][16 rows][16 keys] = the 16 query rows qt [16, D] (bf16) times the packed keys, nb
+ * blocks of 16 (each block's tile stored whole: 1 KB in a row, not 16 rows 4 KB apart),
  * two blocks in flight (sums in tiles 0 and 2, their keys in 1 and 3): a tile's product
  * waits for the last one on that tile, so one chain at a time left the unit idle */
 SATILE static void scores(const uint16_t *qt, int64_t D, const uint32_t *kp, int64_t nb,
-                          float *s, int64_t ls)
+                          float *s)
 {
     _tile_loadd(4, qt, D * 2);
     _tile_loadd(5, qt + 32, D * 2);
@@ -179,9 +180,9 @@ SATILE static void scores(const uint16_t *qt, int64_t D, const uint32_t *kp, int
             SCORE_CHUNK(2, 6);
             SCORE_CHUNK(3, 7);
         }
-        _tile_stored(0, s + blk * 16, ls * 4);
+        _tile_stored(0, s + blk * 256, 64);
         if (b2)
-            _tile_stored(2, s + blk * 16 + 16, ls * 4);
+            _tile_stored(2, s + blk * 256 + 256, 64);
     }
 }
 
@@ -231,7 +232,8 @@ SATILE static inline __m512 exp2_nonpositive(__m512 t)
     return _mm512_scalef_ps(p, n);
 }
 
-/* Row s [L16] (float32, the first L scores; overwritten) -> p [L32] bf16 bits (zero past L);
+/* A row's scores (float32, the first L; key l at s[(l / 16) 256 + l % 16]: its 16 in each of
+ * scores()' blocks; overwritten) -> p [L32] bf16 bits (zero past L);
  * returns the log-sum-exp of scale s. Each e^(scale (s - max)) once, as 2^t with t one FMA
  * of s (kept in s), then scaled and rounded 32 at a time (vcvtne2ps2bf16: to nearest even,
  * as torch rounds). */
@@ -240,26 +242,27 @@ SATILE static float softmax_row(float *s, int64_t L, int64_t L32, float scale, u
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     int64_t l = 0;
     for (; l + 16 <= L; l += 16)
-        vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + l));
+        vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + l * 16));
     if (l < L)
         vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, (__mmask16)((1u << (L - l)) - 1),
-                                                        s + l));
+                                                        s + l * 16));
     const float m = _mm512_reduce_max_ps(vmax), c = scale * 1.44269504f;     /* log2 e */
     const __m512 vc = _mm512_set1_ps(c), vmc = _mm512_set1_ps(-m * c);
     __m512 vz = _mm512_setzero_ps();
     for (l = 0; l < L; l += 16) {
         const __mmask16 k = L - l >= 16 ? 0xFFFF : (__mmask16)((1u << (L - l)) - 1);
-        const __m512 t = _mm512_min_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s + l), vc, vmc),
+        const __m512 t = _mm512_min_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s + l * 16), vc, vmc),
                                        _mm512_setzero_ps());
         const __m512 e = _mm512_maskz_mov_ps(k, exp2_nonpositive(t));
-        _mm512_storeu_ps(s + l, e);           /* zero past L (s has L16 >= l + 16 values) */
+        _mm512_storeu_ps(s + l * 16, e);      /* zero past L (s has a block from l on) */
         vz = _mm512_add_ps(vz, e);
     }
     const float z = _mm512_reduce_add_ps(vz);
     const __m512 inv = _mm512_set1_ps(1.0f / z);
     for (l = 0; l < L32; l += 32) {
-        const __m512 a = l < L ? _mm512_mul_ps(_mm512_loadu_ps(s + l), inv) : _mm512_setzero_ps();
-        const __m512 b = l + 16 < L ? _mm512_mul_ps(_mm512_loadu_ps(s + l + 16), inv)
+        const __m512 a = l < L ? _mm512_mul_ps(_mm512_loadu_ps(s + l * 16), inv)
+                               : _mm512_setzero_ps();
+        const __m512 b = l + 16 < L ? _mm512_mul_ps(_mm512_loadu_ps(s + (l + 16) * 16), inv)
                                     : _mm512_setzero_ps();
         _mm512_storeu_si512(p + l, (__m512i)_mm512_cvtne2ps_pbh(b, a));
     }
@@ -310,10 +313,10 @@ SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t D, con
                 float *o = s + 16 * L16;
                 memset(qt, 0, sizeof(uint16_t) * (size_t)(16 * D));
                 memcpy(qt, q + (h * R + r0) * D, sizeof(uint16_t) * (size_t)(rn * D));
-                scores(qt, D, kp + h * L16 * D / 2, nbt, s, L16);
+                scores(qt, D, kp + h * L16 * D / 2, nbt, s);
                 for (int64_t r = 0; r < 16; r++) {
                     const int64_t Lr = r < rn ? seen(L, cn, cg, r0 + r) : Lt;
-                    const float l = softmax_row(s + r * L16, Lr, njt * 32, scale, p + r * L32);
+                    const float l = softmax_row(s + r * 16, Lr, njt * 32, scale, p + r * L32);
                     if (r < rn)
                         lse[h * R + r0 + r] = l;
                 }
