@@ -239,8 +239,15 @@ SATILE static inline __m512 exp2_nonpositive(__m512 t)
  * as torch rounds). */
 SATILE static float softmax_row(float *s, int64_t L, int64_t L32, float scale, uint16_t *p)
 {
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    __m512 vmax = _mm512_set1_ps(-INFINITY), m1 = vmax, m2 = vmax, m3 = vmax;
     int64_t l = 0;
+    for (; l + 64 <= L; l += 64) {        /* four chains: each load is a line of its own */
+        vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + l * 16));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + (l + 16) * 16));
+        m2 = _mm512_max_ps(m2, _mm512_loadu_ps(s + (l + 32) * 16));
+        m3 = _mm512_max_ps(m3, _mm512_loadu_ps(s + (l + 48) * 16));
+    }
+    vmax = _mm512_max_ps(_mm512_max_ps(vmax, m1), _mm512_max_ps(m2, m3));
     for (; l + 16 <= L; l += 16)
         vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + l * 16));
     if (l < L)
