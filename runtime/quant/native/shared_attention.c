@@ -11,9 +11,9 @@
  * Per KV head h (q [H, R, D], k / v [L rows ld elements apart, head h at h * D], bf16):
  *
  *   s[r, l] = q_r . k_l                      (float32 tile sums, D in chunks of 32)
- *   p[r, l] = e^(scale (s - max_l s)) / z     (float32, then rounded to bf16 for the tiles)
- *   lse[r] = scale max_l s + log z
- *   out[r] = bf16(sum_l p[r, l] v_l)          (float32 tile sums)
+ *   e[r, l] = e^(scale (s - max_l s))         (float32, then rounded to bf16 for the tiles)
+ *   z[r] = sum_l e[r, l],  lse[r] = scale max_l s + log z
+ *   out[r] = bf16((sum_l e[r, l] v_l) / z)    (float32 tile sums, scaled once)
  *
  * A row's result depends on its own query and the keys alone (not on the other rows, the
  * thread count or R); the scores are not rounded to bf16 (torch's matmul rounds them), so
@@ -233,11 +233,12 @@ SATILE static inline __m512 exp2_nonpositive(__m512 t)
 }
 
 /* A row's scores (float32, the first L; key l at s[(l / 16) 256 + l % 16]: its 16 in each of
- * scores()' blocks; overwritten) -> p [L32] bf16 bits (zero past L);
- * returns the log-sum-exp of scale s. Each e^(scale (s - max)) once, as 2^t with t one FMA
- * of s (kept in s), then scaled and rounded 32 at a time (vcvtne2ps2bf16: to nearest even,
- * as torch rounds). */
-SATILE static float softmax_row(float *s, int64_t L, int64_t L32, float scale, uint16_t *p)
+ * scores()' blocks) -> p [L32] bf16 bits: e = e^(scale (s - max)) unnormalized (the caller
+ * scales the row's output by 1 / z: one pass over the scores instead of three), zero past L;
+ * *z = the sum of e; returns the log-sum-exp of scale s. e^x as 2^t, t one FMA of s; rounded
+ * 32 at a time (vcvtne2ps2bf16: to nearest even, as torch rounds). */
+SATILE static float softmax_row(const float *s, int64_t L, int64_t L32, float scale,
+                                uint16_t *p, float *z)
 {
     __m512 vmax = _mm512_set1_ps(-INFINITY), m1 = vmax, m2 = vmax, m3 = vmax;
     int64_t l = 0;
@@ -256,24 +257,22 @@ SATILE static float softmax_row(float *s, int64_t L, int64_t L32, float scale, u
     const float m = _mm512_reduce_max_ps(vmax), c = scale * 1.44269504f;     /* log2 e */
     const __m512 vc = _mm512_set1_ps(c), vmc = _mm512_set1_ps(-m * c);
     __m512 vz = _mm512_setzero_ps();
-    for (l = 0; l < L; l += 16) {
-        const __mmask16 k = L - l >= 16 ? 0xFFFF : (__mmask16)((1u << (L - l)) - 1);
-        const __m512 t = _mm512_min_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s + l * 16), vc, vmc),
-                                       _mm512_setzero_ps());
-        const __m512 e = _mm512_maskz_mov_ps(k, exp2_nonpositive(t));
-        _mm512_storeu_ps(s + l * 16, e);      /* zero past L (s has a block from l on) */
-        vz = _mm512_add_ps(vz, e);
-    }
-    const float z = _mm512_reduce_add_ps(vz);
-    const __m512 inv = _mm512_set1_ps(1.0f / z);
     for (l = 0; l < L32; l += 32) {
-        const __m512 a = l < L ? _mm512_mul_ps(_mm512_loadu_ps(s + l * 16), inv)
-                               : _mm512_setzero_ps();
-        const __m512 b = l + 16 < L ? _mm512_mul_ps(_mm512_loadu_ps(s + (l + 16) * 16), inv)
-                                    : _mm512_setzero_ps();
-        _mm512_storeu_si512(p + l, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+        __m512 e[2];
+        for (int h = 0; h < 2; h++) {
+            const int64_t k0 = l + 16 * h;
+            const __mmask16 k = L - k0 >= 16 ? 0xFFFF
+                                : L > k0 ? (__mmask16)((1u << (L - k0)) - 1) : 0;
+            e[h] = k ? _mm512_maskz_mov_ps(k, exp2_nonpositive(_mm512_min_ps(
+                           _mm512_fmadd_ps(_mm512_loadu_ps(s + k0 * 16), vc, vmc),
+                           _mm512_setzero_ps())))
+                     : _mm512_setzero_ps();
+            vz = _mm512_add_ps(vz, e[h]);
+        }
+        _mm512_storeu_si512(p + l, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
     }
-    return scale * m + logf(z);
+    *z = _mm512_reduce_add_ps(vz);
+    return scale * m + logf(*z);
 }
 
 /* Keys row r sees: all L, or with a causal block of the last cn keys (rows in (token, head)
@@ -321,16 +320,21 @@ SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t D, con
                 memset(qt, 0, sizeof(uint16_t) * (size_t)(16 * D));
                 memcpy(qt, q + (h * R + r0) * D, sizeof(uint16_t) * (size_t)(rn * D));
                 scores(qt, D, kp + h * L16 * D / 2, nbt, s);
+                float z[16];
                 for (int64_t r = 0; r < 16; r++) {
                     const int64_t Lr = r < rn ? seen(L, cn, cg, r0 + r) : Lt;
-                    const float l = softmax_row(s + r * 16, Lr, njt * 32, scale, p + r * L32);
+                    const float l = softmax_row(s + r * 16, Lr, njt * 32, scale, p + r * L32,
+                                                z + r);
                     if (r < rn)
                         lse[h * R + r0 + r] = l;
                 }
                 values(p, L32, vp + h * L32 * D, njt, D, o);
-                for (int64_t r = 0; r < rn; r++)
+                for (int64_t r = 0; r < rn; r++) {
+                    const vf inv = vf_set1(1.0f / z[r]);        /* p was not normalized */
                     for (int64_t d = 0; d < D; d += VL)
-                        vf_store_bf16(out + (h * R + r0 + r) * D + d, vf_load(o + r * D + d));
+                        vf_store_bf16(out + (h * R + r0 + r) * D + d,
+                                      vf_mul(vf_load(o + r * D + d), inv));
+                }
             }
             if (s && buf)
                 _tile_release();
