@@ -125,17 +125,20 @@ def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
             else min(CAUSAL_BLOCK, LONG_CAUSAL_BLOCK)
         e = min(n, s + size)
         keys = start + e                                             # L: keys this block sees
-        qb = q[s:e].view(e - s, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, (e - s) * G, D)
-        o, _ = on_tiles(qb, k[:keys], v[:keys], scale, (e - s, G)) or attend_lse(
-            qb, k[:keys], v[:keys], scale, CausalTail(e - s, G))           # [Hkv, b*G, D]
-        out[s:e] = o.view(Hkv, e - s, G, D).permute(1, 0, 2, 3).reshape(e - s, Hq, D)
+        if on_tiles(q[s:e].view(e - s, Hkv, G, D), k[:keys], v[:keys], scale, (e - s, G),
+                    out[s:e].view(e - s, Hkv, G, D)) is None:   # the tiles: in place, as laid out
+            qb = q[s:e].view(e - s, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, (e - s) * G, D)
+            o, _ = attend_lse(qb, k[:keys], v[:keys], scale, CausalTail(e - s, G))  # [Hkv, b*G, D]
+            out[s:e] = o.view(Hkv, e - s, G, D).permute(1, 0, 2, 3).reshape(e - s, Hq, D)
         s = e
     return out
 
 
 def on_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-             causal: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """:func:`attend_lse` of q [H, R, D] over k, v [L, H, D] (``causal`` (n, G): under
+             causal: tuple[int, int] | None = None, out: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`attend_lse` of q [H, R, D] (or [T, H, G, D], tokens first, written into ``out``
+    of that shape when given) over k, v [L, H, D] (``causal`` (n, G): under
     ``CausalTail(n, G)``) on AMX bf16 tiles (``shared_attention.c``: float32 scores, so the
     last bits differ from attend_lse's), or None where they do not run: not bf16, not on a
     CPU with the tiles, D not 64 / 128, or K/V whose heads are not contiguous."""
@@ -143,7 +146,7 @@ def on_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     if (native is None or not q.dtype == k.dtype == v.dtype == torch.bfloat16
             or k.stride()[1:] != (q.shape[-1], 1) or v.stride() != k.stride()):
         return None
-    return native.attend_shared_bf16(q.contiguous(), k, v, scale, causal)
+    return native.attend_shared_bf16(q.contiguous(), k, v, scale, causal, out)
 
 
 def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float

@@ -110,3 +110,16 @@ def test_a_causal_block_against_float64(native_lib, H, n, G, D, L):
     assert (lse.double() - torch.logsumexp(s, -1)).abs().max().item() < 1e-4
     with pytest.raises(ValueError, match="causal"):
         native_lib.attend_shared_bf16(q, k, v, 0.125, (n + 1, G))
+
+
+def test_tokens_first_layout_gives_the_same_bits_in_place(native_lib):
+    """q [T, H, G, D] (a prefill's own layout, rows (t, g) of each head) read and the output
+    written in that layout, into the given tensor: the bits of the [H, R, D] call."""
+    q, k, v = inputs(3, 40 * 3, 64, 90, seed=9)                  # [H, T G, D]
+    heads_first = tiles_or_skip(native_lib, q, k, v, 0.125, (40, 3))
+    tokens_first = q.view(3, 40, 3, 64).permute(1, 0, 2, 3).contiguous()     # [T, H, G, D]
+    out = torch.empty_like(tokens_first)
+    got, lse = native_lib.attend_shared_bf16(tokens_first, k, v, 0.125, (40, 3), out)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(out.permute(1, 0, 2, 3).reshape(3, 120, 64), heads_first[0])
+    assert torch.equal(lse, heads_first[1])

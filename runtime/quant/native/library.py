@@ -80,8 +80,8 @@ class QMatmulLibrary:
         v, i64 = ctypes.c_void_p, ctypes.c_int64
         self._merge = self.entry("agl_merge_lse", None, v, v, v, v, i64, i64, i64, i64,
                                  ctypes.c_int, ctypes.c_int)
-        self._shared = self.entry("agl_attend_shared_bf16", ctypes.c_int, v, i64, i64, i64, v,
-                                  v, i64, i64, i64, i64, ctypes.c_float, v, v, ctypes.c_int)
+        self._shared = self.entry("agl_attend_shared_bf16", ctypes.c_int, v, i64, i64, i64, i64,
+                                  v, v, i64, i64, i64, i64, ctypes.c_float, v, v, ctypes.c_int)
         self._sample = self.entry("agl_sample_row", ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_float, ctypes.c_double)
         self._bitmask = self.entry("agl_apply_bitmask", None, ctypes.c_void_p, ctypes.c_int64,
@@ -176,26 +176,32 @@ class QMatmulLibrary:
         return o1
 
     def attend_shared_bf16(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           scale: float, causal: tuple[int, int] | None = None
+                           scale: float, causal: tuple[int, int] | None = None,
+                           out: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Every row of q [H, R, D] against one K/V [L, H, D] (each key's heads contiguous,
-        keys any stride apart), all bfloat16, on AMX tiles (``shared_attention.c``): out
-        [H, R, D] bfloat16 and lse [H, R] float32, as ``cascade.attend_lse`` gives them;
-        ``causal`` (n, G): ``cascade.CausalTail(n, G)`` over the last n keys (R = n G). None
-        where this build or CPU has no bf16 tiles or D is not 64 / 128."""
-        H, R, D = q.shape
+        """Every row of q against one K/V [L, H, D] (each key's heads contiguous, keys any
+        stride apart), all bfloat16, on AMX tiles (``shared_attention.c``). q: [H, R, D], or
+        [T, H, G, D] (tokens first: head h's rows are (t, g), R = T G, a prefill's own layout,
+        not transposed); out in q's shape and bfloat16 (written into ``out`` when given: a
+        contiguous tensor of q's shape) and lse [H, R] float32, as ``cascade.attend_lse``
+        gives them; ``causal`` (n, G): ``cascade.CausalTail(n, G)`` over the last n keys
+        (R = n G). None where this build or CPU has no bf16 tiles or D is not 64 / 128."""
+        H, D = q.shape[-3] if q.dim() == 4 else q.shape[0], q.shape[-1]
+        R, qg = (q.shape[0] * q.shape[2], q.shape[2]) if q.dim() == 4 else (q.shape[1], 0)
         cn, cg = causal or (0, 0)
         if causal is not None and (not 0 < cn <= k.shape[0] or cg < 1 or R != cn * cg):
             raise ValueError(f"attend_shared_bf16: causal (n, G) must have 0 < n <= "
                              f"{k.shape[0]} keys and n * G == {R} rows, got {causal}")
-        if (q.dtype != torch.bfloat16 or k.dtype != q.dtype or v.dtype != q.dtype
-                or k.shape != (k.shape[0], H, D) or v.shape != k.shape or k.stride() != v.stride()
-                or k.stride()[1:] != (D, 1) or not q.is_contiguous()):
-            raise ValueError("attend_shared_bf16: q [H, R, D] contiguous, k / v [L, H, D] with "
-                             "each key's heads contiguous, all bfloat16")
-        out = torch.empty_like(q)
+        out = torch.empty_like(q) if out is None else out
+        if (q.dim() not in (3, 4) or q.dtype != torch.bfloat16 or k.dtype != q.dtype
+                or v.dtype != q.dtype or k.shape != (k.shape[0], H, D) or v.shape != k.shape
+                or k.stride() != v.stride() or k.stride()[1:] != (D, 1) or not q.is_contiguous()
+                or out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous()):
+            raise ValueError("attend_shared_bf16: q [H, R, D] or [T, H, G, D] contiguous, k / v "
+                             "[L, H, D] with each key's heads contiguous, out like q, all "
+                             "bfloat16")
         lse = torch.empty(H, R, dtype=torch.float32)
-        rc = self._shared(q.data_ptr(), H, R, D, k.data_ptr(), v.data_ptr(), k.shape[0],
+        rc = self._shared(q.data_ptr(), H, R, qg, D, k.data_ptr(), v.data_ptr(), k.shape[0],
                           k.stride(0), cn, cg, scale, out.data_ptr(), lse.data_ptr(),
                           torch.get_num_threads())
         if rc == -1:

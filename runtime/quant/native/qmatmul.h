@@ -105,9 +105,11 @@ void agl_merge_lse(void *o1, const float *l1, const void *o2, const float *l2, i
 /* out [H, R, hd] = softmax(scale q k^T) v for every row of q [H, R, hd] against head h of k / v
  * [L keys ld elements apart, head h at h * hd], all bf16 bits, on AMX tiles; lse [H, R]
  * (shared_attention.c); cn > 0: a causal block of the last cn keys, rows in (token, head)
- * order with cg heads a token (R = cn cg). 0; -1 without memory; -2 for hd other than 64 / 128 (or sizes below
- * 1); -3 where the build or the CPU has no bf16 tiles (the caller takes another path). */
-int agl_attend_shared_bf16(const uint16_t *q, int64_t H, int64_t R, int64_t hd,
+ * order with cg heads a token (R = cn cg); qg > 0: q and out laid out [R / qg, H, qg, hd]
+ * (tokens first) instead of [H, R, hd]. 0; -1 without memory; -2 for hd other than 64 / 128
+ * (or sizes below 1); -3 where the build or the CPU has no bf16 tiles (the caller takes
+ * another path). */
+int agl_attend_shared_bf16(const uint16_t *q, int64_t H, int64_t R, int64_t qg, int64_t hd,
                            const uint16_t *k, const uint16_t *v, int64_t L, int64_t ld,
                            int64_t cn, int64_t cg, float scale, uint16_t *out, float *lse,
                            int nthreads);

@@ -41,7 +41,8 @@
 #ifdef AGL_AMX
 #include <immintrin.h>
 
-#define SATILE __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+#define SATILE                                                                                 \
+    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -282,9 +283,16 @@ static inline int64_t seen(int64_t L, int64_t cn, int64_t cg, int64_t r)
     return cn ? L - cn + r / cg + 1 : L;
 }
 
-SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t D, const uint16_t *k,
-                         const uint16_t *v, int64_t L, int64_t ld, int64_t cn, int64_t cg,
-                         float scale, uint16_t *out, float *lse, int nthreads)
+/* Row r of head h in q or out: [H, R, D] (qg = 0) or [R / qg, H, qg, D] (tokens first, qg rows
+ * a token and head: a prefill's own layout, read and written without transposing it) */
+static inline int64_t row_at(int64_t H, int64_t R, int64_t qg, int64_t D, int64_t h, int64_t r)
+{
+    return (qg ? ((r / qg) * H + h) * qg + r % qg : h * R + r) * D;
+}
+
+SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t qg, int64_t D,
+                         const uint16_t *k, const uint16_t *v, int64_t L, int64_t ld, int64_t cn,
+                         int64_t cg, float scale, uint16_t *out, float *lse, int nthreads)
 {
     const int64_t nb = (L + 15) / 16, nj = (L + 31) / 32, L16 = nb * 16, L32 = nj * 32;
     const int64_t tiles = (R + 15) / 16;
@@ -318,7 +326,9 @@ SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t D, con
                 uint16_t *p = buf, *qt = buf + 16 * L32;
                 float *o = s + 16 * L16;
                 memset(qt, 0, sizeof(uint16_t) * (size_t)(16 * D));
-                memcpy(qt, q + (h * R + r0) * D, sizeof(uint16_t) * (size_t)(rn * D));
+                for (int64_t r = 0; r < rn; r++)
+                    memcpy(qt + r * D, q + row_at(H, R, qg, D, h, r0 + r),
+                           sizeof(uint16_t) * (size_t)D);
                 scores(qt, D, kp + h * L16 * D / 2, nbt, s);
                 float z[16];
                 for (int64_t r = 0; r < 16; r++) {
@@ -332,7 +342,7 @@ SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t D, con
                 for (int64_t r = 0; r < rn; r++) {
                     const vf inv = vf_set1(1.0f / z[r]);        /* p was not normalized */
                     for (int64_t d = 0; d < D; d += VL)
-                        vf_store_bf16(out + (h * R + r0 + r) * D + d,
+                        vf_store_bf16(out + row_at(H, R, qg, D, h, r0 + r) + d,
                                       vf_mul(vf_load(o + r * D + d), inv));
                 }
             }
@@ -348,7 +358,7 @@ SATILE static int attend(const uint16_t *q, int64_t H, int64_t R, int64_t D, con
 }
 #endif
 
-int agl_attend_shared_bf16(const uint16_t *q, int64_t H, int64_t R, int64_t D,
+int agl_attend_shared_bf16(const uint16_t *q, int64_t H, int64_t R, int64_t qg, int64_t D,
                            const uint16_t *k, const uint16_t *v, int64_t L, int64_t ld,
                            int64_t cn, int64_t cg, float scale, uint16_t *out, float *lse,
                            int nthreads)
@@ -357,11 +367,13 @@ int agl_attend_shared_bf16(const uint16_t *q, int64_t H, int64_t R, int64_t D,
     if (!sa_ok)
         return -3;
     if ((D != 64 && D != 128) || H < 1 || R < 1 || L < 1 || ld < H * D || cn < 0 || cn > L
+        || qg < 0 || (qg && R % qg)
         || (cn && (cg < 1 || R != cn * cg)))
         return -2;
-    return attend(q, H, R, D, k, v, L, ld, cn, cg, scale, out, lse, nthreads);
+    return attend(q, H, R, qg, D, k, v, L, ld, cn, cg, scale, out, lse, nthreads);
 #else
-    (void)q, (void)H, (void)R, (void)D, (void)k, (void)v, (void)L, (void)ld, (void)scale;
+    (void)q, (void)H, (void)R, (void)qg, (void)D, (void)k, (void)v, (void)L, (void)ld;
+    (void)scale;
     (void)cn, (void)cg, (void)out, (void)lse, (void)nthreads;
     return -3;
 #endif
