@@ -214,3 +214,19 @@ def test_a_group_too_small_to_pay_runs_as_rows(monkeypatch, dtype):
         assert len(batch.memo["torch.decode"].groups) == groups
         assert rel(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
     assert decode_plan.cascade_min_keys(dtype, native=False) == 0   # torch's buckets: always
+
+
+def test_a_prefills_slot_runs_are_stored_as_slices_with_the_same_result():
+    """store_kv's runs of consecutive slots (a prefill's) write what the pool's indexed store
+    writes; scattered slots (more runs than MAX_STORE_RUNS) take that store."""
+    assert torch_backend.slot_runs([8, 9, 10, 40, 41, 3]) == [(0, 8, 3), (3, 40, 2), (5, 3, 1)]
+    assert torch_backend.slot_runs(list(range(0, 2 * (torch_backend.MAX_STORE_RUNS + 1), 2))) is None
+    tables = [[5, 6, 7], [20, 21], [60, 2, 3]]                  # the last: not consecutive pages
+    batch = build_forward_batch([[1] * 10, [1] * 7, [1] * 9], [0, 0, 0], tables, PS)
+    g = torch.Generator().manual_seed(4)
+    k, v = torch.randn(26, HKV, D, generator=g), torch.randn(26, HKV, D, generator=g)
+    runs, indexed = filled_pool(), filled_pool()
+    TorchAttentionBackend().store_kv(runs, 0, k, v, batch)
+    indexed.store(0, batch.slot_mapping, k, v)
+    assert batch.memo["torch.slot_runs"] is not None
+    assert torch.equal(runs.buffer, indexed.buffer)
