@@ -230,3 +230,39 @@ def test_a_prefills_slot_runs_are_stored_as_slices_with_the_same_result():
     indexed.store(0, batch.slot_mapping, k, v)
     assert batch.memo["torch.slot_runs"] is not None
     assert torch.equal(runs.buffer, indexed.buffer)
+
+
+def test_a_bf16_extend_groups_shared_part_in_one_call_per_bucket(monkeypatch):
+    """bf16 at head dim 64 (the AMX tiles where they run): a group larger than one chunk takes
+    its shared part for every member at once and merges each chunk with its rows of it
+    (merge_lse_ over the first rows of a larger result); the same as the reference either way,
+    and the native merge of such rows equals the torch merge."""
+    S, hkv, hq, d = 16, 3, 9, 64
+    pool = KVPool(KVLayout(1, hkv, d, torch.bfloat16), S, num_pages=64)
+    g = torch.Generator().manual_seed(5)
+    slots = torch.arange(64 * S)
+    pool.store(0, slots, torch.randn(slots.numel(), hkv, d, generator=g),
+               torch.randn(slots.numel(), hkv, d, generator=g))
+    shared = list(range(8))
+    tables = [shared + [20 + 2 * i, 21 + 2 * i] for i in range(10)]
+    q = torch.randn(10 * 6, hq, d, generator=g).bfloat16()
+    monkeypatch.setattr(decode_plan, "CASCADE_MIN_KEYS", {})
+    monkeypatch.setattr(cascade, "MAX_QUERY_TOKENS", 12)                 # chunks of 2 members
+    batch = build_forward_batch([[1] * 6] * 10, [8 * S + 3] * 10, tables, S)
+    out = TorchAttentionBackend().attend(q, pool, 0, batch, 0.125)
+    k, v = pool.gather_kv(0, torch.arange(64))
+    ref = extend_attention_ref(q, k, v, batch.page_table, batch.q_start_loc, batch.prefix_lens,
+                               batch.seq_lens, 0.125)
+    assert len(batch.memo["torch.extend_groups"]) == 1 and rel(out, ref) < 1e-2
+    lib = torch_backend.qmatmul_library()
+    if lib is not None:
+        o2, l2 = cascade.attend_shared(torch.randn(5, hkv, 4, d, generator=g).bfloat16(),
+                                       k.flatten(0, 1)[:100], v.flatten(0, 1)[:100], 0.125)
+        o1 = torch.randn(2, hkv, 4, d, generator=g).bfloat16()
+        l1 = torch.randn(2, hkv, 4, generator=g)
+        assert lib.mergeable(o1, l1, o2[1:3], l2[1:3])
+        assert torch.equal(lib.merge_lse_(o1.clone(), l1, o2[1:3], l2[1:3]),
+                           cascade.merged(o1.clone(), l1, o2[1:3], l2[1:3]))
+        want = cascade.merge_lse(o1, l1, o2[1:3], l2[1:3]).float()
+        got = lib.merge_lse_(o1.clone(), l1, o2[1:3], l2[1:3]).float()
+        assert (got - want).abs().max().item() <= 2 ** -7 * want.abs().max().item()

@@ -78,7 +78,7 @@ class QMatmulLibrary:
                                    ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                    ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int)
         v, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._merge = self.entry("agl_merge_lse", None, v, v, v, v, i64, i64, i64, i64,
+        self._merge = self.entry("agl_merge_lse", None, v, v, v, v, i64, i64, i64, i64, i64,
                                  ctypes.c_int, ctypes.c_int)
         self._shared = self.entry("agl_attend_shared_bf16", ctypes.c_int, v, i64, i64, i64, i64,
                                   v, v, i64, i64, i64, i64, ctypes.c_float, v, v, ctypes.c_int)
@@ -154,25 +154,35 @@ class QMatmulLibrary:
             raise MemoryError("paged_decode: no memory for the scores")
         return out, lse
 
+    @staticmethod
+    def mergeable(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor) -> bool:
+        """Whether :meth:`merge_lse_` takes these: o1 [M, H, G, D] and l1 [M, H, G] contiguous,
+        o2 / l2 of those shapes stored [H, M2 >= M, ...] (transposed views of one matmul's
+        result, or their first rows), float32 or bfloat16 outputs alike, float32 lse."""
+        if o1.dim() != 4 or o2.shape != o1.shape or l1.shape != o1.shape[:3]:
+            return False
+        M, H, G, D = o1.shape
+        o2t, l2t = o2.transpose(0, 1), l2.transpose(0, 1)      # [H, M, G, D] views of [H, M2, ..]
+        M2 = o2t.stride(0) // (G * D) if G * D else 0
+        return (l2.shape == l1.shape and o1.dtype in (torch.float32, torch.bfloat16)
+                and o2.dtype == o1.dtype and l1.dtype == l2.dtype == torch.float32
+                and o1.is_contiguous() and l1.is_contiguous() and M2 >= M
+                and o2t.stride() == (M2 * G * D, G * D, D, 1) and l2t.stride() == (M2 * G, G, 1))
+
     def merge_lse_(self, o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor,
                    l2: torch.Tensor) -> torch.Tensor:
         """``cascade.merge_lse`` in place on o1 (``agl_merge_lse``): o1 [M, H, G, D] with lse
-        l1 [M, H, G] becomes the attention over its keys and those of o2, l2, given as
-        [H, M, G, D] / [H, M, G] (the layout of one matmul a KV head) and transposed to o1's
-        shape (``attend_shared``'s result). o1, o2 contiguous float32 or bfloat16 alike, the
-        lse float32. Returns o1."""
-        M, H, G, D = o1.shape
-        o2t, l2t = o2.transpose(0, 1), l2.transpose(0, 1)      # [H, M, G, D] as stored
-        if (o2.shape != o1.shape or l1.shape != (M, H, G) or l2.shape != l1.shape
-                or o1.dtype not in (torch.float32, torch.bfloat16) or o2.dtype != o1.dtype
-                or l1.dtype != torch.float32 or l2.dtype != torch.float32
-                or not (o1.is_contiguous() and l1.is_contiguous() and o2t.is_contiguous()
-                        and l2t.is_contiguous())):
+        l1 [M, H, G] becomes the attention over its keys and those of o2, l2 (the layouts
+        :meth:`mergeable` names: ``attend_shared``'s result, or its first rows). Returns o1."""
+        if not self.mergeable(o1, l1, o2, l2):
             raise ValueError("merge_lse_: o1 [M, H, G, D] and l1 [M, H, G] contiguous, o2 / l2 "
-                             "of that shape stored [H, M, ...], float32 or bfloat16 outputs, "
-                             "float32 lse")
+                             "of that shape stored [H, M2 >= M, ...], float32 or bfloat16 "
+                             "outputs, float32 lse")
+        M, H, G, D = o1.shape
+        o2t, l2t = o2.transpose(0, 1), l2.transpose(0, 1)
         self._merge(o1.data_ptr(), l1.data_ptr(), o2t.data_ptr(), l2t.data_ptr(), M, H, G, D,
-                    int(o1.dtype == torch.bfloat16), torch.get_num_threads())
+                    o2t.stride(0) // (G * D), int(o1.dtype == torch.bfloat16),
+                    torch.get_num_threads())
         return o1
 
     def attend_shared_bf16(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -443,13 +443,13 @@ int agl_paged_decode(const agl_paged *p, const void *q, int q_bf16, void *out, i
 }
 
 void agl_merge_lse(void *o1, const float *l1, const void *o2, const float *l2, int64_t M,
-                   int64_t H, int64_t G, int64_t hd, int bf16, int nthreads)
+                   int64_t H, int64_t G, int64_t hd, int64_t M2, int bf16, int nthreads)
 {
     const int64_t esz = bf16 ? 2 : 4;
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * H * G * hd >= 32768)
     for (int64_t r = 0; r < M * H * G; r++) {
         const int64_t m = r / (H * G), h = r / G % H, g = r % G;
-        const int64_t r2 = (h * M + m) * G + g;            /* the same row in o2's layout */
+        const int64_t r2 = (h * M2 + m) * G + g;           /* the same row in o2's layout */
         const float mx = l1[r] > l2[r2] ? l1[r] : l2[r2];
         const float w1 = expf(l1[r] - mx), w2 = expf(l2[r2] - mx), z = w1 + w2;
         char *x = (char *)o1 + r * hd * esz;

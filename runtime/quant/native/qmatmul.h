@@ -96,11 +96,12 @@ int agl_paged_decode(const agl_paged *p, const void *q, int q_bf16, void *out, i
                      float *lse, int nthreads);
 
 /* In place: o1 [M, H, G, hd] (lse l1 [M, H, G]) becomes the attention over its keys and those
- * of o2 [H, M, G, hd] (l2 [H, M, G]: the cascade's shared part, one matmul's layout), merged
- * by log-sum-exp in float32: (o1 w1 + o2 w2) / (w1 + w2), w = e^(l - max(l1, l2)); o1, o2
- * bf16 bits with bf16 = 1, else float32 (paged_attention.c). */
+ * of o2 [H, M2, G, hd] (l2 [H, M2, G]: the cascade's shared part, one matmul's layout, of which
+ * the first M of each head are o1's), merged by log-sum-exp in float32: (o1 w1 + o2 w2) /
+ * (w1 + w2), w = e^(l - max(l1, l2)); o1, o2 bf16 bits with bf16 = 1, else float32
+ * (paged_attention.c). */
 void agl_merge_lse(void *o1, const float *l1, const void *o2, const float *l2, int64_t M,
-                   int64_t H, int64_t G, int64_t hd, int bf16, int nthreads);
+                   int64_t H, int64_t G, int64_t hd, int64_t M2, int bf16, int nthreads);
 
 /* out [H, R, hd] = softmax(scale q k^T) v for every row of q [H, R, hd] against head h of k / v
  * [L keys ld elements apart, head h at h * hd], all bf16 bits, on AMX tiles; lse [H, R]
