@@ -116,12 +116,22 @@ def q4_k_m(shape: str, work: Path) -> Path:
     return out
 
 
-def start_agentlang(gguf: Path, kv_mb: float, dtype: str = "float32"):
+MODES = {   # agentlang's modes: the server's --dtype and --bf16-gemm-rows
+    "float32": ("float32", None),
+    "bfloat16": ("bfloat16", None),
+    "float32-gemm": ("float32", 64),    # float32, calls of 64+ rows (prefill) as bf16 GEMMs
+}
+
+
+def start_agentlang(gguf: Path, kv_mb: float, mode: str = "float32"):
+    dtype, gemm_rows = MODES[mode]
     port = free_port()
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--model", str(gguf), "--port",
            str(port), "--dtype", dtype, "--weights", "auto", "--kv-budget-mb", str(kv_mb),
            "--log-level", "warning"]
-    return launch(f"agentlang {dtype} (weights auto)", cmd, port, "default", cwd=ROOT)
+    if gemm_rows is not None:
+        cmd += ["--bf16-gemm-rows", str(gemm_rows)]
+    return launch(f"agentlang {mode} (weights auto)", cmd, port, "default", cwd=ROOT)
 
 
 def weights_report(gguf: Path) -> dict:
@@ -152,9 +162,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--memory-only", action="store_true", help="load memory and types, no speed")
-    ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
-                    help="agentlang's compute dtypes, each its own server (bfloat16: calls of "
-                         "32+ rows as bf16 GEMMs where the CPU has bf16 instructions)")
+    ap.add_argument("--dtype", nargs="+", default=["float32"], choices=list(MODES),
+                    help="agentlang's modes, each its own server (bfloat16: calls of 32+ rows as "
+                         "bf16 GEMMs where the CPU has bf16 instructions; float32-gemm: a float32 "
+                         "model whose calls of 64+ rows, the prefill's, run as bf16 GEMMs)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if not (LLAMA_SERVER.exists() and QUANTIZE.exists()):

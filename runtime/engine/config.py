@@ -11,7 +11,9 @@ from agentlang.runtime.speculative.policy import (DEFAULT_MAX_DRAFT, ROW_COST, c
                                                   check_row_cost)
 from agentlang.runtime.speculative.shared_lookup import SHARED_CAP
 from agentlang.runtime.core.program_service import check_schedule_policy
-from agentlang.runtime.quant.native.cpu_features import INT8_DOT_FLAGS, int8_matmuls_in_hardware
+from agentlang.runtime.quant.native.cpu_features import (BF16_FLAGS, INT8_DOT_FLAGS,
+                                                         bf16_matmuls_in_hardware,
+                                                         int8_matmuls_in_hardware)
 from agentlang.runtime.scheduler.live_programs import busy_requests
 from agentlang.runtime.scheduler.config import SchedulerConfig
 from agentlang.runtime.weights.model_loader import WEIGHTS
@@ -29,6 +31,10 @@ class EngineConfig:
     # the dense weights quantized per output channel and activations per token, int8 GEMMs
     # (CPU; ~1.3-1.8x bf16's linears, bitwise batch-invariant, less precise: quant/int8_linear)
     weights: str = "dense"
+    # weights "auto": a GGUF's native weights' calls of this many rows or more (prefill chunks)
+    # run as bf16 GEMMs on CPUs with bf16 instructions. None: the dtype's default (from 32 rows
+    # in a bfloat16 model, never in a float32 one: its rows stay bitwise invariant)
+    bf16_gemm_rows: int | None = None
     device: str = "cpu"
     page_size: int = 16
     kv_budget_mb: float | None = None     # default: 512 MB on CPU, 40% of free memory on GPU
@@ -75,6 +81,7 @@ class EngineConfig:
                 f"weights='int8' needs a CPU with int8 dot products ({', '.join(INT8_DOT_FLAGS)});"
                 " this one has none, and its int8 GEMM would run ~15x slower than float32: use"
                 " weights 'auto' or 'dense'")
+        self._check_bf16_gemm_rows()
         if self.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(f"page_size must be a power of two in [1, 128], got {self.page_size!r}")
         for name in ("max_batch_tokens", "max_running", "max_wait_steps",
@@ -144,3 +151,22 @@ class EngineConfig:
                                urgent_slots=self.urgent_slots,
                                retain_max_pages=int(self.session_max_fraction * num_pages),
                                busy_requests=busy_requests(self.speculative_row_cost))
+
+    def _check_bf16_gemm_rows(self) -> None:
+        rows = self.bf16_gemm_rows
+        if rows is None:
+            return
+        if not isinstance(rows, int) or isinstance(rows, bool) or not 1 <= rows <= 1 << 20:
+            raise ValueError(f"bf16_gemm_rows must be an integer in [1, {1 << 20}] or None "
+                             f"(the dtype's default), got {rows!r}")
+        if self.weights != "auto" or self.device != "cpu":
+            raise ValueError("bf16_gemm_rows applies to a GGUF's quantized weights on the CPU "
+                             f"(weights 'auto', device 'cpu'), got weights {self.weights!r}, "
+                             f"device {self.device!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"bf16_gemm_rows applies to dtype 'float32' or 'bfloat16', got "
+                             f"{self.dtype!r}")
+        if not bf16_matmuls_in_hardware():
+            raise ValueError(f"bf16_gemm_rows needs a CPU with bf16 instructions "
+                             f"({', '.join(BF16_FLAGS)}); this one has none and would emulate "
+                             "the GEMMs: leave it unset")

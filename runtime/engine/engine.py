@@ -68,7 +68,8 @@ class Engine:
         self.model_path = resolved.path
         self.device = torch.device(cfg.device)
         self.model, self.tokenizer, self.hf_dir = load_model(resolved, cfg.weights,
-                                                             cfg.torch_dtype, self.device)
+                                                             cfg.torch_dtype, self.device,
+                                                             cfg.bf16_gemm_rows)
         self.model_config = mc = self.model.config
         self.kv_layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.torch_dtype,
                                   cfg.kv_dtype, mc.layer_windows)

@@ -27,18 +27,22 @@ from agentlang.runtime.quant.quant_linear import QuantEmbedding, QuantLinear
 
 
 def load_gguf_model(path: str | Path, weights: str = "auto", dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu", kernels: str = "auto") -> LlamaModel:
+                    device: str | torch.device = "cpu", kernels: str = "auto",
+                    bf16_gemm_rows: int | None = None) -> LlamaModel:
     """Load a GGUF of one of :data:`~agentlang.runtime.weights.gguf_arch.ARCHITECTURES`. ``weights="auto"`` keeps Q4_0/Q4_1/Q8_0 tensors
     quantized (CPU only), ``"dense"`` decodes every tensor to ``dtype``. Quantized matmuls run
     natively over the file's blocks where ``agentlang.runtime.quant.native`` runs (``kernels="auto"``), else
     (or with ``kernels="torch"``) in torch's int4/int8 kernels with bf16 activations; other
-    activations stay in ``dtype``. Raises :class:`~agentlang.runtime.weights.gguf_file.GgufError`."""
+    activations stay in ``dtype``. ``bf16_gemm_rows``: native weights' calls of this many rows or
+    more run as bf16 GEMMs on CPUs with bf16 instructions (None: from
+    :data:`~agentlang.runtime.quant.block_linear.BF16_GEMM_ROWS` in a bfloat16 model, never in a
+    float32 one; ``runtime/quant/block_linear.py``). Raises :class:`~agentlang.runtime.weights.gguf_file.GgufError`."""
     gf = open_gguf(path)
     device = torch.device(device)
     if weights == "auto" and device.type != "cpu":
         weights = "dense"             # the int4/int8 kernels used here are the CPU ones
     cfg = LlamaConfig.from_dict(gf.config_dict())
-    b = LinearBuilder(gf, weights, dtype, kernels)
+    b = LinearBuilder(gf, weights, dtype, kernels, bf16_gemm_rows)
     with torch.device("meta"):
         model = LlamaModel(cfg)
     nh, nkv = cfg.num_heads, cfg.num_kv_heads

@@ -35,15 +35,15 @@ class LoadedModel(NamedTuple):
 
 
 def load_model(resolved: ResolvedModel, weights: str, dtype: torch.dtype,
-               device: torch.device) -> LoadedModel:
+               device: torch.device, bf16_gemm_rows: int | None = None) -> LoadedModel:
     """Load ``resolved`` with the ``weights`` setting ("auto" | "dense" | "int8") in compute
-    ``dtype``. Dense CPU linears are then packed for oneDNN (:func:`pack_linears`), or with
+    ``dtype`` (``bf16_gemm_rows``: a GGUF's native weights, :func:`load_gguf_model`). Dense CPU linears are then packed for oneDNN (:func:`pack_linears`), or with
     ``"int8"`` quantized (:func:`~agentlang.runtime.quant.int8_linear.int8_linears`)."""
     from transformers import AutoTokenizer
 
     if resolved.is_gguf:
         model = load_gguf_model(resolved.path, "dense" if weights == "int8" else weights, dtype,
-                                device)
+                                device, bf16_gemm_rows=bf16_gemm_rows)
         hf_dir = gguf_hf_dir(resolved.path)
     else:
         model, hf_dir = LlamaModel.from_pretrained(resolved.path, dtype, device), resolved.path

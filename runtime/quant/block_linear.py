@@ -22,7 +22,10 @@ GEMM plus the dequantization beat the integer kernel), a call dequantizes the we
 bfloat16 — natively, in slices, for this call only: memory stays the file's — and runs dense
 bf16 GEMMs. Those rows are rounded as bf16 matmuls round, so a token's result can differ (at
 bf16's precision) between a call of many rows and one of few (a decode batch of 64 against
-the same sequence decoded alone). float32 models keep the bitwise row invariance.
+the same sequence decoded alone). float32 models keep the bitwise row invariance unless they
+ask for the same trade (:meth:`BlockLinear.use_bf16_gemms`, the engine's ``bf16_gemm_rows``):
+then calls of that many rows or more (prefill chunks) round their inputs to bfloat16 and run
+the GEMM, and smaller ones (decode steps, verifies) stay exact float32 native calls.
 """
 
 from __future__ import annotations
@@ -86,6 +89,10 @@ class BlockLinear(nn.Module):
     of any float dtype and returns ``[T, N]`` in that dtype (float32 is the native one)."""
 
     bf16_gemm_rows: int | None = None   # None: always the native kernel (module doc)
+    input_dtype: torch.dtype = torch.float32
+    """What the norms before it should hand over: float32 for the native kernel (no cast);
+    bfloat16 in a bfloat16 model whose large calls run as bf16 GEMMs (small ones take it
+    exactly as float32). :meth:`use_bf16_gemms` sets both."""
 
     def __init__(self, lib: QMatmulLibrary, kind: int, in_features: int, out_features: int,
                  qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
@@ -123,11 +130,15 @@ class BlockLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())  # [N]
         self._qweight: tuple[tuple[int, ...], QWeight] | None = None
 
-    @property
-    def input_dtype(self) -> torch.dtype:
-        """What the norms before it should hand over: float32 for the native kernel (no cast),
-        bfloat16 where large calls run as bf16 GEMMs (small ones take it exactly as float32)."""
-        return torch.float32 if self.bf16_gemm_rows is None else torch.bfloat16
+    def use_bf16_gemms(self, rows: int | None, model_dtype: torch.dtype) -> None:
+        """Calls of ``rows`` rows or more run as bf16 GEMMs (None: never); ``model_dtype``,
+        the activations' dtype, is what this layer then asks its inputs in (float32 models
+        cast only the GEMM-sized calls' inputs to bfloat16, in :meth:`forward`)."""
+        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
+            raise ValueError(f"bf16_gemm_rows must be an integer >= 1 or None, got {rows!r}")
+        self.bf16_gemm_rows = rows
+        self.input_dtype = (torch.bfloat16 if rows is not None and model_dtype == torch.bfloat16
+                            else torch.float32)
 
     @property
     def qweight(self) -> QWeight:

@@ -28,14 +28,14 @@ ENGINE_FLAGS = ("page_size", "kv_budget_mb", "window_kv_fraction", "max_batch_to
                 "grammar_backend", "dtype", "kv_dtype", "schedule_low_priority_values_first",
                 "max_wait_steps", "max_lower_priority_tokens", "urgent_slots", "weights",
                 "speculative", "speculative_max_draft", "speculative_row_cost",
-                "speculative_shared_cap", "schedule_policy",
+                "speculative_shared_cap", "schedule_policy", "bf16_gemm_rows",
                 "max_sessions", "session_hold_s", "session_max_fraction", "session_timeout_s")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default="default",
                    help="'default' (the embedded model), a local Hugging Face model directory, "
-                        "or a Llama/Mistral/Qwen2 .gguf file")
+                        "or a .gguf file (Llama, Mistral, Qwen2 / 3, Phi-3 / 4, Gemma 2 / 3)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="TCP port (default 30000)")
     p.add_argument("--page-size", type=int, default=None, help="KV page size in tokens")
@@ -73,6 +73,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "blocks where the CPU has them, else torch's int4/int8 kernels); int8: the "
                         "dense weights quantized to int8 per output channel and the activations per "
                         "token, int8 GEMMs (CPU only; fastest for batches, less precise)")
+    p.add_argument("--bf16-gemm-rows", type=int, default=None,
+                   help="with --weights auto on a CPU with bf16 instructions (AVX512-BF16, AMX): "
+                        "calls of this many rows or more (prefill chunks) run as bf16 GEMMs over "
+                        "the GGUF's weights dequantized for the call. A float32 model then "
+                        "prefills at bf16's precision, so a token's output can differ between a "
+                        "long prefill and a short one; decode steps stay exact (default: 32 in a "
+                        "bfloat16 model, never in a float32 one)")
     p.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=None,
                    help="model-free speculative decoding for requests that do not set "
                         "'speculative': drafts copied from the request's own context, verified "

@@ -125,12 +125,17 @@ class LinearBuilder:
     quantized, ``"dense"`` decodes everything to ``dtype``. ``report`` counts how each GGUF type
     was treated (e.g. ``{"Q4_1": "native blocks", "Q6_K": "dense bfloat16"}``)."""
 
-    def __init__(self, gf: GgufFile, weights: str, dtype: torch.dtype, kernels: str = "auto"):
+    def __init__(self, gf: GgufFile, weights: str, dtype: torch.dtype, kernels: str = "auto",
+                 bf16_gemm_rows: int | None = None):
         if weights not in ("auto", "dense"):
             raise ValueError(f"weights must be 'auto' or 'dense', got {weights!r}")
         if kernels not in ("auto", "torch"):
             raise ValueError(f"kernels must be 'auto' (native where it runs) or 'torch', got {kernels!r}")
         self.gf, self.quantize, self.dtype = gf, weights == "auto", dtype
+        # native weights' calls of this many rows on run as bf16 GEMMs (None: the dtype's
+        # default, BF16_GEMM_ROWS for bfloat16 models, never for float32 ones)
+        self.bf16_gemm_rows = (bf16_gemm_rows if bf16_gemm_rows is not None else
+                               BF16_GEMM_ROWS if dtype == torch.bfloat16 else None)
         self.native = qmatmul_library() if kernels == "auto" and self.quantize else None
         if self.native is not None and not self.native.isa.kquants and set(gf.types()) & set(K_TYPES):
             self.native = kquant_library()      # a build with K-quant kernels, if one runs here
@@ -179,10 +184,10 @@ class LinearBuilder:
         return lin
 
     def _gemm_rows(self, lin: BlockLinear) -> BlockLinear:
-        """``lin``, its larger calls run as bf16 GEMMs in a bfloat16 model on a CPU with bf16
-        instructions (``block_linear.py``'s module doc)."""
-        if self.dtype == torch.bfloat16 and bf16_matmuls_in_hardware():
-            lin.bf16_gemm_rows = BF16_GEMM_ROWS
+        """``lin``, its calls of ``bf16_gemm_rows`` rows or more run as bf16 GEMMs on a CPU with
+        bf16 instructions (``block_linear.py``'s module doc)."""
+        if self.bf16_gemm_rows is not None and bf16_matmuls_in_hardware():
+            lin.use_bf16_gemms(self.bf16_gemm_rows, self.dtype)
         return lin
 
     def _native_parts(self, names: list[str], raws: list[np.ndarray],

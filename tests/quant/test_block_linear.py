@@ -104,7 +104,7 @@ def test_calls_from_bf16_gemm_rows_on_run_bf16_gemms(lib, qtype, monkeypatch):
     assert lin.input_dtype == torch.float32
     small, large = torch.randn(3, K).bfloat16(), torch.randn(37, K).bfloat16()
     native_small, native_large = lin(small), lin(large)
-    lin.bf16_gemm_rows = 4
+    lin.use_bf16_gemms(4, torch.bfloat16)
     assert lin.input_dtype == torch.bfloat16
     assert torch.equal(lin(small), native_small)                 # under 4 rows: the native kernel
     y = lin(large)
@@ -118,6 +118,31 @@ def test_calls_from_bf16_gemm_rows_on_run_bf16_gemms(lib, qtype, monkeypatch):
     monkeypatch.setattr("agentlang.runtime.quant.block_linear.GEMM_SLICE_BYTES", 2 * K * 16)   # 5 slices of rows
     assert torch.allclose(lin(large).float(), y.float(), rtol=1e-2, atol=1e-2)
     assert ((lin(large).double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_a_float32_layer_with_bf16_gemm_rows_casts_only_the_large_calls(lib, qtype):
+    """A float32 model's layer (``use_bf16_gemms(rows, float32)``): its inputs stay float32,
+    calls under ``rows`` are the exact native ones, larger calls the bf16 GEMM of the input
+    rounded to bfloat16, returned as float32."""
+    N, K = 70, 160
+    raw = gguf_rows(torch.randn(N, K).numpy(), qtype)
+    lin = block_linear(lib, [(raw, qtype)], bias=torch.randn(N))
+    small, large = torch.randn(5, K), torch.randn(40, K)
+    native_small, native_large = lin(small), lin(large)
+    lin.use_bf16_gemms(8, torch.float32)
+    assert lin.input_dtype == torch.float32 and lin.bf16_gemm_rows == 8
+    assert torch.equal(lin(small), native_small)
+    y = lin(large)
+    w = decoded(raw, qtype)
+    assert y.dtype == torch.float32 and not torch.equal(y, native_large)
+    want = torch.nn.functional.linear(large.bfloat16(), w.bfloat16(), lin.bias.bfloat16()).float()
+    assert torch.equal(y, want)
+    lin.use_bf16_gemms(None, torch.float32)
+    assert torch.equal(lin(large), native_large)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="bf16_gemm_rows must be an integer >= 1"):
+            lin.use_bf16_gemms(bad, torch.float32)
 
 
 def test_fused_q4_0_and_q4_1_parts_and_embedding_rows(lib):
@@ -144,3 +169,29 @@ def test_bad_shapes_and_kinds(lib):
         BlockLinear(lib, KIND_Q8, 48, 1, torch.zeros(1, 48, dtype=torch.int8),
                     torch.zeros(1, 1, dtype=torch.float16), None)
     assert KIND_Q4 != KIND_Q8
+
+
+def test_engine_bf16_gemm_rows_is_validated_naming_the_field(monkeypatch):
+    """``bf16_gemm_rows``: an integer >= 1 for a GGUF's quantized weights (``weights="auto"``)
+    on the CPU, in float32 or bfloat16, on a CPU with bf16 instructions; anything else is
+    refused naming the field and what it accepts."""
+    from agentlang.runtime.engine import config
+
+    monkeypatch.setattr(config, "bf16_matmuls_in_hardware", lambda: True)
+    config.EngineConfig(weights="auto", bf16_gemm_rows=64).validate()
+    config.EngineConfig(weights="auto", dtype="bfloat16", bf16_gemm_rows=16).validate()
+    config.EngineConfig(weights="dense").validate()                    # unset: anything goes
+    for bad in (0, -1, 1.5, True, "64", 1 << 21):
+        with pytest.raises(ValueError, match=r"bf16_gemm_rows must be an integer in \[1, "):
+            config.EngineConfig(weights="auto", bf16_gemm_rows=bad).validate()
+    with pytest.raises(ValueError, match="bf16_gemm_rows applies to a GGUF's quantized weights "
+                                         r"on the CPU \(weights 'auto', device 'cpu'\), got "
+                                         "weights 'dense'"):
+        config.EngineConfig(weights="dense", bf16_gemm_rows=64).validate()
+    with pytest.raises(ValueError, match="bf16_gemm_rows applies to dtype 'float32' or "
+                                         "'bfloat16', got 'float16'"):
+        config.EngineConfig(weights="auto", dtype="float16", bf16_gemm_rows=64).validate()
+    monkeypatch.setattr(config, "bf16_matmuls_in_hardware", lambda: False)
+    with pytest.raises(ValueError, match=r"bf16_gemm_rows needs a CPU with bf16 instructions "
+                                         r"\(avx512_bf16, amx_bf16\)"):
+        config.EngineConfig(weights="auto", bf16_gemm_rows=64).validate()

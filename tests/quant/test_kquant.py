@@ -121,7 +121,7 @@ def test_bf16_gemm_rows_run_k_quants_and_chains_as_bf16_gemms(build):
     small, large = torch.randn(3, K).bfloat16(), torch.randn(37, K).bfloat16()
     native_small = chain(small)
     for lin in (parts[0], chain):
-        lin.bf16_gemm_rows = 4
+        lin.use_bf16_gemms(4, torch.bfloat16)
         assert lin.input_dtype == torch.bfloat16
     assert torch.equal(chain(small), native_small)              # under 4 rows: the kernel
     w = torch.cat([torch.from_numpy(gguf_decoded(r, t)) for r, t in zip(raws, ("Q4_K", "Q6_K"))])

@@ -17,6 +17,7 @@ from agentlang.runtime.attention.forward_batch import build_forward_batch
 from agentlang.runtime.weights.gguf_file import GgufError
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 from agentlang.runtime.weights.model_loader import resolve_model
+from agentlang.runtime.models.decode_layer import MAX_ROWS
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.quant.native import kquant_library, qmatmul_library
 from agentlang.runtime.quant.native.cpu_features import bf16_matmuls_in_hardware
@@ -96,6 +97,32 @@ def test_a_bfloat16_model_runs_prefill_sized_calls_as_bf16_gemms(tmp_path, token
     seq = [(7 * i) % 200 + 1 for i in range(BF16_GEMM_ROWS + 20)]          # one GEMM-sized call
     out, ref = prefill_logits(model, [seq])[0].float(), hf_logits(path, seq)
     assert ((out - ref).norm() / ref.norm()).item() < 0.03
+
+
+def test_a_float32_model_with_bf16_gemm_rows_prefills_in_bf16_and_decodes_exactly(
+        tmp_path, tokenizer_fields):
+    """``bf16_gemm_rows`` on a float32 model: activations stay float32 (norms hand over
+    float32, the one-call decode layer is kept), a prefill of that many tokens or more runs its
+    linears as bf16 GEMMs (close to HF at bf16's precision, not the float32 model's bits), a
+    shorter call gives the float32 model's logits bit for bit."""
+    if quant_class("auto") is not BlockLinear or not bf16_matmuls_in_hardware():
+        pytest.skip("needs the native kernels and a CPU with bf16 instructions")
+    path = write_gguf(tmp_path / "m.Q4_1.gguf", tokenizer_fields, "Q4_1")
+    plain = load_gguf_model(path, "auto", torch.float32)
+    rows = MAX_ROWS + 8           # a shorter call past the decode layer's rows: torch's layers
+    model = load_gguf_model(path, "auto", torch.float32, bf16_gemm_rows=rows)
+    lin = model.layers[0].mlp.gate_up_proj
+    assert lin.bf16_gemm_rows == rows and lin.input_dtype == torch.float32
+    assert model.layers[0].input_layernorm.out_dtype in (None, torch.float32)
+    assert model.native_decoder is not None
+    long = [(7 * i) % 200 + 1 for i in range(rows + 20)]
+    short = long[:rows - 4]
+    out = prefill_logits(model, [long])[0]
+    assert out.dtype == torch.float32
+    assert not torch.equal(out, prefill_logits(plain, [long])[0])
+    ref = hf_logits(path, long)
+    assert ((out - ref).norm() / ref.norm()).item() < 0.03
+    assert torch.equal(prefill_logits(model, [short])[0], prefill_logits(plain, [short])[0])
 
 
 @pytest.mark.parametrize("qtype", ["Q6_K", "Q4_K"])

@@ -30,7 +30,10 @@ def int8_matmuls_in_hardware(flags: frozenset[str] | None = None) -> bool:
     return not flags or bool(set(INT8_DOT_FLAGS) & flags)
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")     # x86 bf16 dot-product instructions
+
+
 def bf16_matmuls_in_hardware() -> bool:
     """Whether bf16 GEMMs run on bf16 instructions here (AVX512-BF16 or AMX), where oneDNN
     multiplies several times faster than the integer kernels; elsewhere it emulates them."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    return bool(set(BF16_FLAGS) & cpu_flags())
