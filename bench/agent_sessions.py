@@ -204,6 +204,8 @@ def start_agentlang(tokens: int, args, policy: str = "lpm") -> object:
            "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning",
            "--session-max-fraction", str(args.session_max_fraction),
            "--schedule-policy", policy]
+    if args.row_cost is not None:
+        cmd += ["--speculative-row-cost", str(args.row_cost)]
     return launch(f"agentlang ({args.dtype}, {args.weights})", cmd, port, "default", cwd=ROOT)
 
 
@@ -238,6 +240,9 @@ def main() -> None:
                     help="vLLM's dtype (bfloat16: the issue's setting; float32 on CPUs without "
                          "bf16 instructions, where vLLM's bf16 is emulated)")
     ap.add_argument("--session-max-fraction", type=float, default=0.8)
+    ap.add_argument("--row-cost", type=float, default=None,
+                    help="agentlang's --speculative-row-cost (also the live policy's busy bound; "
+                         "default: the server's)")
     ap.add_argument("--modes", nargs="*", default=["off", "on"], choices=["off", "on", "hints"],
                     help="agentlang runs (none: the peers only)")
     ap.add_argument("--quick", action="store_true", help="8 agents, 3 turns, pool 1/2")
@@ -298,6 +303,8 @@ def main() -> None:
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()}, one server at a time",
               "model": f"SmolLM2-135M-Instruct (Q4_1 GGUF, weights {args.weights})",
               "command": "python bench/agent_sessions.py " + " ".join(sys.argv[1:]),
+              "settings": {"dtype": args.dtype, "row_cost": args.row_cost,
+                           "session_max_fraction": args.session_max_fraction},
               "workload": {"agents": args.agents, "turns": args.turns, "seed": args.seed,
                            "peak_history_tokens": peak},
               "results": res}

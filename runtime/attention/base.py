@@ -47,8 +47,10 @@ class AttentionBackend(Protocol):
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
-def make_backend(name: str, device: torch.device) -> AttentionBackend:
-    """``auto`` picks ``triton`` on CUDA and ``torch`` elsewhere."""
+def make_backend(name: str, device: torch.device, bf16_rows: int | None = None
+                 ) -> AttentionBackend:
+    """``auto`` picks ``triton`` on CUDA and ``torch`` elsewhere; ``bf16_rows``: the torch
+    backend's (a float32 model's steps of that many tokens attend in bf16)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
     if name == "auto":
@@ -56,7 +58,7 @@ def make_backend(name: str, device: torch.device) -> AttentionBackend:
     if name == "torch":
         from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
 
-        return TorchAttentionBackend()
+        return TorchAttentionBackend(bf16_rows)
     from agentlang.runtime.attention.triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend()

@@ -18,7 +18,9 @@
   speculative verify, a short prompt) runs where the native library does as one decode row per
   token (:class:`ShortExtends`), the arithmetic of a one-token decode at each position and
   ~150 µs a layer less than torch's ops; the rest run alone, in causal blocks of queries
-  (``causal_attend``).
+  (``causal_attend``). A float32 model that runs its large calls as bf16 GEMMs (the engine's
+  ``bf16_gemm_rows``: ``bf16_rows`` here) attends those alone in bfloat16 too, in steps of that
+  many tokens or more (its queries and keys rounded to bf16: the AMX tiles where they run).
 All K/V reads go through ``KVPool.gather`` (which dequantizes quantized pools).
 """
 
@@ -128,6 +130,11 @@ class TorchAttentionBackend:
     name = "torch"
     graph_safe = False  # sizes its gathers and groups from the batch's host lists
 
+    def __init__(self, bf16_rows: int | None = None):
+        # float32 steps of this many tokens or more attend their causal blocks in bf16 (None:
+        # never; module doc)
+        self.bf16_rows = bf16_rows
+
     def store_kv(self, pool: KVPool, layer: int, k, v, batch: ForwardBatch) -> None:
         # k, v: [T, Hkv, D]; quantized on store when the pool is. A prefill's slots are a few
         # runs of consecutive ones: a slice copy each, not one indexed copy of a stacked K/V
@@ -184,10 +191,12 @@ class TorchAttentionBackend:
                                                        pool.v_cache(layer), rows.pages,
                                                        rows.lens, scale)[0]
                 alone = [b for b in alone if b not in rows.members]
+        dtype = (torch.bfloat16 if q.dtype == torch.float32 and self.bf16_rows is not None
+                 and q.shape[0] >= self.bf16_rows else q.dtype)
         for b in alone:
             seq_len, s, e = seq_lens[b], starts[b], starts[b + 1]
-            k, v = kv_of(pool, layer, batch.page_table[b], seq_len, q.dtype)   # [L, Hkv, D]
-            out[s:e] = causal_attend(q[s:e], k, v, batch.prefix_lens_list[b], scale)
+            k, v = kv_of(pool, layer, batch.page_table[b], seq_len, dtype)     # [L, Hkv, D]
+            out[s:e] = causal_attend(q[s:e].to(dtype), k, v, batch.prefix_lens_list[b], scale)
         return out
 
     @staticmethod

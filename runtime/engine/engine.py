@@ -76,7 +76,7 @@ class Engine:
         budget = cfg.kv_budget_mb if cfg.kv_budget_mb is not None else 512.0
         self.pool = KVPool(self.kv_layout, cfg.page_size, cfg.num_pages, budget, self.device,
                            cfg.window_kv_fraction, cfg.max_batch_tokens)
-        self.backend = make_backend(cfg.attention_backend, self.device)
+        self.backend = make_backend(cfg.attention_backend, self.device, cfg.bf16_gemm_rows)
         self.allocator = PageAllocator(self.pool.num_pages, self.pool.windows)
         self.cache = RadixCache(self.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache)
         copy = lambda src, dst: self.backend.copy_pages(self.pool, src, dst)  # noqa: E731

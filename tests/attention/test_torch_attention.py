@@ -266,3 +266,25 @@ def test_a_bf16_extend_groups_shared_part_in_one_call_per_bucket(monkeypatch):
         want = cascade.merge_lse(o1, l1, o2[1:3], l2[1:3]).float()
         got = lib.merge_lse_(o1.clone(), l1, o2[1:3], l2[1:3]).float()
         assert (got - want).abs().max().item() <= 2 ** -7 * want.abs().max().item()
+
+
+def test_bf16_rows_attend_a_float32_prefills_causal_blocks_in_bf16():
+    """``TorchAttentionBackend(bf16_rows)`` (a float32 model whose large calls are bf16
+    GEMMs): a step of that many tokens or more attends its sequences' causal blocks with q and
+    K/V rounded to bf16 (the reference's bf16 precision, not the float32 bits); a smaller step
+    keeps the float32 path bit for bit."""
+    pool = filled_pool(torch.float32)
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(80, HQ, D, generator=g)
+    table = list(range(10, 31))
+    batch = build_forward_batch([[1] * 80], [0], [table], PS)
+    exact = TorchAttentionBackend().attend(q, pool, 0, batch, 0.25)
+    k, v = pool.gather_kv(0, torch.arange(pool.num_pages))
+    ref = extend_attention_ref(q.double(), k.double(), v.double(), batch.page_table,
+                               batch.q_start_loc, batch.prefix_lens, batch.seq_lens, 0.25)
+    out = TorchAttentionBackend(bf16_rows=64).attend(q, pool, 0, batch, 0.25)
+    assert out.dtype == torch.float32 and not torch.equal(out, exact)
+    assert rel(out, ref) < 1e-2 and rel(exact, ref) < 1e-6
+    kk, vv = cascade.kv_of(pool, 0, batch.page_table[0], 80, torch.bfloat16)
+    assert torch.equal(out, cascade.causal_attend(q.bfloat16(), kk, vv, 0, 0.25).float())
+    assert torch.equal(TorchAttentionBackend(bf16_rows=81).attend(q, pool, 0, batch, 0.25), exact)

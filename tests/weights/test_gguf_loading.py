@@ -162,6 +162,27 @@ def test_engine_loads_a_gguf_by_path(tmp_path, tokenizer_fields):
     assert 0.5 * path.stat().st_size < stored < 2 * path.stat().st_size
 
 
+def test_an_engine_with_bf16_gemm_rows_hands_it_to_its_linears_and_attention(
+        tmp_path, tokenizer_fields):
+    """``Engine(bf16_gemm_rows=N)`` on a float32 GGUF: the native linears and the torch
+    attention backend both take N; a long prompt (one GEMM-sized step) and its decode run,
+    and the pool is whole again after a flush."""
+    from agentlang.runtime import Engine, SamplingParams
+
+    if quant_class("auto") is not BlockLinear or not bf16_matmuls_in_hardware():
+        pytest.skip("needs the native kernels and a CPU with bf16 instructions")
+    path = write_gguf(tmp_path / "tiny.gguf", tokenizer_fields, "Q4_1")
+    eng = Engine(str(path), weights="auto", kv_budget_mb=8, page_size=4, bf16_gemm_rows=40)
+    assert eng.backend.bf16_rows == 40
+    assert {m.bf16_gemm_rows for layer in eng.model.layers
+            for m in (layer.mlp.gate_up_proj, layer.self_attn.qkv_proj)} == {40}
+    prompt = [(7 * i) % 200 + 1 for i in range(90)]
+    out = eng.generate([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    assert len(out[0].token_ids) == 6
+    eng.flush_cache()
+    assert eng.allocator.num_free == eng.pool.num_pages
+
+
 def test_bad_files_are_rejected_with_the_reason(tmp_path, tokenizer_fields):
     good = write_gguf(tmp_path / "good.gguf", tokenizer_fields, "Q4_0")
     data = good.read_bytes()
