@@ -104,6 +104,8 @@ def start_agentlang(dtype: str, weights: str, args) -> Server:
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
            "--dtype", dtype, "--weights", weights, "--kv-budget-mb", str(args.kv_budget_mb),
            "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning"]
+    if args.bf16_gemm_rows is not None:
+        cmd += ["--bf16-gemm-rows", str(args.bf16_gemm_rows)]
     return launch(f"agentlang ({dtype}, {weights})", cmd, port, "default", cwd=ROOT)
 
 
@@ -305,6 +307,9 @@ def main() -> None:
                     help="vLLM's dtype (the issue's setting: bf16; float32 where the CPU has no "
                          "bf16 instructions)")
     ap.add_argument("--vllm-kv-gib", type=float, default=4)
+    ap.add_argument("--bf16-gemm-rows", type=int, default=None,
+                    help="agentlang's --bf16-gemm-rows (weights auto: steps of this many tokens "
+                         "as bf16 GEMMs; a float32 model's prefill)")
     ap.add_argument("--quick", action="store_true",
                     help="16 requests / clients, 8 JSON requests, 64 new tokens, 1 round")
     ap.add_argument("--out", help="JSON output (default bench/results/peers.json; --quick: a "
@@ -338,7 +343,7 @@ def main() -> None:
               "model": "SmolLM2-135M-Instruct (Q4_1 GGUF; vLLM: the same decoded, bf16)",
               "command": "python bench/peers.py " + " ".join(sys.argv[1:]),
               "settings": {"agentlang": f"{args.dtype}, weights {'/'.join(args.weights)}, max_running 64, 2048 batched "
-                                        f"tokens, KV {args.kv_budget_mb:.0f} MB",
+                                        f"tokens, KV {args.kv_budget_mb:.0f} MB, bf16_gemm_rows {args.bf16_gemm_rows}",
                            "vllm": f"{args.vllm_dtype}, prefix caching, 64 seqs, 2048 batched tokens, "
                                    f"OMP bind 0-1, 0 reserved cores, KV {args.vllm_kv_gib} GiB",
                            "llama-server": "-np 1 -t 2 -tb 2 -c 4096"},
