@@ -51,7 +51,11 @@ Admission order of waiting requests (:meth:`PriorityPolicy.admission_key`), rule
 the request whose program has received less service so far
 (:mod:`agentlang.runtime.core.program_service`, Autellix's PLAS rule), with ``continue`` the
 one whose program has received more (programs under way finish first; aging still admits a
-new one that waited ``age_steps`` steps); (3) longer cached prefix; (4) arrival. Running
+new one that waited ``age_steps`` steps); (3) longer cached prefix; (4) fewer tokens left to
+compute (shortest prefill first: among requests that arrive together it lowers the mean time
+to first token, as shortest-job-first lowers mean completion time, and leaves the last one's
+where it was: the prefill work is the same; aging in rule (1) keeps a long prompt from waiting
+behind a stream of short ones for more than ``age_steps`` steps a level); (5) arrival. Running
 requests are not reordered by it (they run oldest admission first), and preemption stays by
 priority only.
 
@@ -112,13 +116,15 @@ class PriorityPolicy:
         """Rank plus the aging bonus: one per ``age_steps`` steps spent waiting."""
         return self.rank(req.priority) + req.wait_steps // self.age_steps
 
-    def admission_key(self, req: Prioritized, cached_tokens: int) -> tuple[int, int, int]:
+    def admission_key(self, req: Prioritized, cached_tokens: int) -> tuple[int, int, int, int]:
         """Sort key of a waiting request (ascending = admitted first): effective priority,
         then (policy ``program`` / ``continue``) its program's attained service (ascending /
-        descending), then longest cached prefix; a stable sort keeps arrival order."""
+        descending), then longest cached prefix, then fewest tokens left to compute; a stable
+        sort keeps arrival order."""
         order = PROGRAM_ORDER[self.schedule_policy]
         served = order * self.service.attained(req) if order else 0
-        return (-self.effective(req), served, -cached_tokens)
+        return (-self.effective(req), served, -cached_tokens,
+                max(0, req.num_uncomputed - cached_tokens))
 
     def charge(self, req: Prioritized, tokens: int) -> None:
         """A step runs ``tokens`` of ``req``: its program's service grows (policies

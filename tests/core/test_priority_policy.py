@@ -35,6 +35,20 @@ def test_higher_priority_first_then_cached_prefix_then_fifo():
     assert order(p, reqs, {"c": 32, "d": 16}) == ["d", "b", "c", "a", "e"]
 
 
+def test_among_equals_the_shortest_prefill_goes_first_then_fifo():
+    """Rule (4): equal priority, service and cached prefix: fewer tokens left to compute
+    first (what is cached does not count), equal ones in arrival order; rules (1) and (3)
+    still come before it."""
+    p = PriorityPolicy()
+    reqs = [Req("long", num_uncomputed=500), Req("short", num_uncomputed=60),
+            Req("mid", num_uncomputed=200), Req("mid2", num_uncomputed=200)]
+    assert order(p, reqs) == ["short", "mid", "mid2", "long"]
+    # "long" has 480 of its 500 cached: 20 left, and the longer cached prefix wins anyway
+    assert order(p, reqs, {"long": 480}) == ["long", "short", "mid", "mid2"]
+    reqs.append(Req("urgent", priority=1, num_uncomputed=4000))
+    assert order(p, reqs)[0] == "urgent"
+
+
 def test_low_values_first_reverses_direction_only():
     p = PriorityPolicy(low_values_first=True)
     reqs = [Req("a", 0), Req("b", 5), Req("c", -3), Req("d", 0)]
