@@ -3,6 +3,7 @@ pool that uses them."""
 
 from __future__ import annotations
 
+import mmap
 import sys
 from pathlib import Path
 
@@ -46,8 +47,12 @@ def test_shape_dtype_and_values_as_torch_empty(shape, dtype):
 def test_a_large_tensor_is_asked_onto_huge_pages():
     t = empty_on_huge_pages((64 << 20,), torch.uint8).fill_(1)
     assert "hg" in vm_flags_at(t), "madvise(MADV_HUGEPAGE) was not applied to the tensor"
-    plain = torch.empty(64 << 20, dtype=torch.uint8).fill_(1)
+    # the control: a fresh anonymous mapping, never advised (a plain torch.empty can reuse
+    # heap memory that an earlier pool of this process advised, and so carry the flag)
+    fresh = mmap.mmap(-1, 64 << 20)
+    plain = torch.frombuffer(fresh, dtype=torch.uint8).fill_(1)
     assert "hg" not in vm_flags_at(plain)
+    del plain
 
 
 def test_kv_pool_buffers_start_zeroed_and_quantized_scales_at_one():
