@@ -26,9 +26,9 @@ def lib():
     return qmatmul_library()
 
 
-def setup(model, prompts, pool_dtype=torch.float32):
-    """Prefill ``prompts`` (torch layers) into a pool with shuffled pages; returns the pool,
-    the page tables and the next decode step's batch."""
+def setup(model, prompts, pool_dtype=torch.float32, room=4):
+    """Prefill ``prompts`` (torch layers) into a pool with shuffled pages, each with ``room``
+    more positions; returns the pool and the page tables."""
     cfg = model.config
     pool = KVPool(KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool_dtype), PS,
                   num_pages=64)
@@ -36,7 +36,7 @@ def setup(model, prompts, pool_dtype=torch.float32):
     random.Random(0).shuffle(ids)
     tables, at = [], 0
     for p in prompts:
-        n = -(-(len(p) + 4) // PS)
+        n = -(-(len(p) + room) // PS)
         tables.append(ids[at:at + n])
         at += n
     model(build_forward_batch(prompts, [0] * len(prompts), tables, PS), pool,
@@ -84,6 +84,44 @@ def test_a_sequence_decodes_the_same_alone_and_batched(tmp_path, tokenizer_field
     for b in range(3):
         alone = decode(model, pool, tables[b:b + 1], PROMPTS[b:b + 1], [11 + b], native=True)
         assert torch.equal(alone[0], together[b])
+
+
+@pytest.mark.parametrize("head_dim", [16, 24])     # 24: not a multiple of AVX-512's 16 lanes
+def test_rows_of_a_sequence_match_one_token_steps_bitwise(tmp_path, tokenizer_fields, lib,
+                                                          head_dim):
+    """Several new tokens of a sequence in one native step (a verify: consecutive rows whose
+    query heads are attended together, reading each key once) give bit for bit the logits of
+    one-token steps, beside other sequences, at one thread or two."""
+    path = write_gguf(tmp_path / "m.gguf", tokenizer_fields, "Q4_1",
+                      dims=(4 * head_dim, 128, 4, 2, head_dim))
+    model = load_gguf_model(path, "auto", torch.float32)
+    new = [[11, 12, 13, 14, 15, 16, 17, 18, 19], list(range(21, 38)), [31]]
+    lens = [len(p) for p in PROMPTS]
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            pool, tables = setup(model, PROMPTS, room=17)
+            batch = build_forward_batch(new, lens, tables, PS,
+                                        logits_rows=[list(range(len(t))) for t in new])
+            assert model.native_decoder.serves(batch, pool, TorchAttentionBackend())
+            together = model(batch, pool, TorchAttentionBackend())
+            pool, tables = setup(model, PROMPTS, room=17)
+            rows = {}
+            for i in range(max(map(len, new))):
+                live = [b for b in range(3) if i < len(new[b])]
+                out = model(build_forward_batch([[new[b][i]] for b in live],
+                                                [lens[b] + i for b in live],
+                                                [tables[b] for b in live], PS),
+                            pool, TorchAttentionBackend())
+                rows.update({(b, i): out[j] for j, b in enumerate(live)})
+            at = 0
+            for b, toks in enumerate(new):
+                for i in range(len(toks)):
+                    assert torch.equal(together[at], rows[b, i]), (n, b, i)
+                    at += 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_steps_it_does_not_serve_run_the_torch_layers(tmp_path, tokenizer_fields, lib,

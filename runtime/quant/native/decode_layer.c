@@ -23,6 +23,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "qmatmul.h"
 #include "vecmath.h"
@@ -70,115 +71,19 @@ static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float 
 static void rope(float *h, int64_t heads, int64_t hd, int64_t rd, const float *cos,
                  const float *ssin)
 {
+    const int64_t half = rd / 2;                 /* the partner of dim i: i + half mod rd */
     float tmp[512];
     for (int64_t j = 0; j < heads; j++) {
         float *v = h + j * hd;
-        for (int64_t i = 0; i < rd; i++)
-            tmp[i] = v[i] * cos[i] + v[(i + rd / 2) % rd] * ssin[i];
-        for (int64_t i = 0; i < rd; i++)
-            v[i] = tmp[i];
+        for (int64_t i = 0; i < half; i++)
+            tmp[i] = v[i] * cos[i] + v[i + half] * ssin[i];
+        for (int64_t i = half; i < rd; i++)
+            tmp[i] = v[i] * cos[i] + v[i - half] * ssin[i];
+        memcpy(v, tmp, sizeof(float) * (size_t)rd);
     }
 }
 
-/* at[t - lo] = where position t's row starts in this layer's cache (K or V), in floats, for
- * positions lo..n-1 of a sequence's pages (walked page by page: no division a position; a
- * sliding layer's window starts at lo, the positions before it are not walked) */
-static void row_offsets(const agl_batch *bt, const int32_t *pages, int64_t lo, int64_t n,
-                        int64_t row, int64_t *at)
-{
-    for (int64_t t = lo, pg = lo / bt->page_size, o = lo % bt->page_size; t < n; pg++, o = 0)
-        for (; o < bt->page_size && t < n; o++, t++)
-            at[t - lo] = ((int64_t)pages[pg] * bt->page_size + o) * row;
-}
-
-/* s[t] = q . k_t for the n cached positions: 4 positions at a time (independent sums; each
- * position gets dot()'s operations), the rest by dot() */
-static void scores(const float *kc, const int64_t *at, int64_t n, int64_t hd, const float *q,
-                   float *s)
-{
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-        const float *k[4];
-        vf a[4];
-        for (int j = 0; j < 4; j++) {
-            k[j] = kc + at[t + j];
-            a[j] = vf_zero();
-        }
-        int64_t i = 0;
-        for (; i + VL <= hd; i += VL) {
-            const vf qv = vf_load(q + i);
-            for (int j = 0; j < 4; j++)
-                a[j] = vf_fmadd(qv, vf_load(k[j] + i), a[j]);
-        }
-        for (int j = 0; j < 4; j++) {
-            float r = vf_sum(a[j]);
-            for (int64_t e = i; e < hd; e++)
-                r += q[e] * k[j][e];
-            s[t + j] = r;
-        }
-    }
-    for (; t < n; t++)
-        s[t] = dot(q, kc + at[t], hd);
-}
-
-/* out [hd] = sum_t p[t] v_t: hd in chunks of 4 VL lanes kept in registers over the positions
- * (then a tail of VL lanes at a time, then scalars) */
-static void weighted_values(const float *vc, const int64_t *at, int64_t n, int64_t hd,
-                            const float *p, float *out)
-{
-    int64_t c = 0;
-    for (; c + 4 * VL <= hd; c += 4 * VL) {
-        vf a0 = vf_zero(), a1 = vf_zero(), a2 = vf_zero(), a3 = vf_zero();
-        for (int64_t t = 0; t < n; t++) {
-            const float *v = vc + at[t] + c;
-            const vf w = vf_set1(p[t]);
-            a0 = vf_fmadd(w, vf_load(v), a0);
-            a1 = vf_fmadd(w, vf_load(v + VL), a1);
-            a2 = vf_fmadd(w, vf_load(v + 2 * VL), a2);
-            a3 = vf_fmadd(w, vf_load(v + 3 * VL), a3);
-        }
-        vf_store(out + c, a0);
-        vf_store(out + c + VL, a1);
-        vf_store(out + c + 2 * VL, a2);
-        vf_store(out + c + 3 * VL, a3);
-    }
-    for (int64_t i = c; i < hd; i++)
-        out[i] = 0.0f;
-    for (int64_t t = 0; t < n && c < hd; t++)
-        axpy(out + c, p[t], vc + at[t] + c, hd - c);
-}
-
-/* out [hd] = softmax(q k^T * scale) v for query head h (q [hd]) of sequence b, over its KV head
- * h / G (GQA: G query heads a KV head); the last `window` positions only, scores capped when
- * dm->softcap > 0 */
-static int attend(const agl_dims *dm, const agl_layer *L, const agl_batch *bt, int64_t b,
-                  int64_t h, const float *q, float *out)
-{
-    const int64_t hd = dm->hd, kvh = h / (dm->nh / dm->nkv), n = bt->seq_lens[b],
-                  row = dm->nkv * hd, lo = L->window && n > L->window ? n - L->window : 0,
-                  m = n - lo;
-    float *s = malloc(sizeof(float) * (size_t)(m + 1));          /* scores, then the lse */
-    int64_t *at = malloc(sizeof(int64_t) * (size_t)m);
-    if (!s || !at) {
-        free(s);
-        free(at);
-        return -1;
-    }
-    const int32_t *table = L->window && bt->wpage_table ? bt->wpage_table : bt->page_table;
-    row_offsets(bt, table + b * bt->max_pages, lo, n, row, at);
-    scores(L->k_cache + kvh * hd, at, m, hd, q, s);
-    if (dm->softcap > 0.0f) {                              /* cap * tanh(s * scale / cap) */
-        for (int64_t t = 0; t < m; t++)
-            s[t] = dm->softcap * tanhf(s[t] * dm->scale / dm->softcap);
-        agl_softmax_lse(s, 0, 1, m, 1.0f, s + m, 1);
-    } else {
-        agl_softmax_lse(s, 0, 1, m, dm->scale, s + m, 1);  /* p = softmax(scale * s), in place */
-    }
-    weighted_values(L->v_cache + kvh * hd, at, m, hd, s, out);
-    free(s);
-    free(at);
-    return 0;
-}
+#include "decode_attention.h"     /* needs the structs above */
 
 /* gate [n] = gelu_tanh(gate) * up (torch's gelu, approximate="tanh") */
 static void gelu_mul(float *gate, const float *up, int64_t n)
@@ -228,11 +133,7 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
             vd[i] = r[nq + nk + i];
         }
     }
-    #pragma omp parallel for num_threads(nthreads) schedule(static) reduction(|:fail)
-    for (int64_t j = 0; j < B * dm->nh; j++) {           /* a task a query head: balanced */
-        const int64_t b = j / dm->nh, h = j % dm->nh;
-        fail |= attend(dm, L, bt, b, h, qkv + b * wq + h * hd, att + b * nq + h * hd);
-    }
+    fail = decode_attention(dm, L, bt, qkv, wq, att, nthreads);
     if (fail || agl_qmm(&L->o, att, B, L->post_attn_norm ? h : x, !L->post_attn_norm, nthreads))
         goto done;
     if (L->post_attn_norm)                                /* Gemma: x += norm(o) */

@@ -1,0 +1,306 @@
+/* The attention of decode_layer.c: softmax(q k^T * scale) v of each query head of each row,
+ * over its sequence's K/V read through the page table (GQA: G query heads a KV head), its
+ * last `window` keys only (Gemma's sliding layers), scores capped when the model says so.
+ *
+ * The work is cut into tasks of up to `qc` queries that read the same keys: the query heads
+ * of one KV head, of one row or of consecutive rows of a *run* (rows r - 1, r read the same
+ * pages and row r one more key: a verify's or a short extend's rows of one sequence). A task
+ * loads each key's K and V once for all its queries, where a task a query head would load
+ * them G x rows times.
+ *
+ * Every query's result is bit for bit what it would be alone: each score is dot()'s
+ * (vf_sum_block reduces VL of them at once through vf_sum's own tree), each softmax its own
+ * agl_softmax_lse call, each output the fma of p[t] v_t in ascending t from zero, whatever
+ * the task's other queries or the thread that runs it (heads of other than VL multiples of
+ * dims take the one-query path, which gives the same numbers). So a row's output does not
+ * depend on the rows beside it in the step, on the task cut or on the thread count. */
+#ifndef AGL_DECODE_ATTENTION_H
+#define AGL_DECODE_ATTENTION_H
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qmatmul.h"
+#include "vecmath.h"
+
+#define ATT_QC 16        /* queries a task at most */
+#define ATT_QG (VL == 16 ? 4 : 2)   /* queries whose outputs a V pass keeps in registers */
+
+/* at[t - lo] = where position t's row starts in this layer's cache (K or V), in floats, for
+ * positions lo..n-1 of a sequence's pages (walked page by page: no division a position; a
+ * sliding layer's window starts at lo, the positions before it are not walked) */
+static void row_offsets(const int32_t *pages, int64_t page_size, int64_t lo, int64_t n,
+                        int64_t row, int64_t *at)
+{
+    for (int64_t t = lo, pg = lo / page_size, o = lo % page_size; t < n; pg++, o = 0)
+        for (; o < page_size && t < n; o++, t++)
+            at[t - lo] = ((int64_t)pages[pg] * page_size + o) * row;
+}
+
+/* One query of a task: its vector, its output, its keys lo..n-1 and its scores (s[t - lo];
+ * the lse after them) */
+typedef struct {
+    const float *q;
+    float *out;
+    int64_t lo, n;
+    float *s;
+} aquery;
+
+/* s[t - lo] = dot(q, k_t) for t in [t0, t1) of query a (keys at kc + at[t - base]) */
+static void scores_each(const aquery *a, const float *kc, const int64_t *at, int64_t base,
+                        int64_t t0, int64_t t1, int64_t hd)
+{
+    for (int64_t t = t0; t < t1; t++)
+        a->s[t - a->lo] = dot(a->q, kc + at[t - base], hd);
+}
+
+/* The scores of m queries over keys [c0, c1), every query's range holding them, VL keys at a
+ * time: each query's VL partial vectors (dot()'s fmas) reduced together by vf_sum_block.
+ * Keys past the last whole block: dot() each. hd: a multiple of VL. */
+static void scores_shared(const aquery *a, int m, const float *kc, const int64_t *at,
+                          int64_t base, int64_t c0, int64_t c1, int64_t hd)
+{
+    int64_t t = c0;
+    for (; t + VL <= c1; t += VL) {
+        const float *k[VL];
+        for (int j = 0; j < VL; j++)
+            k[j] = kc + at[t + j - base];
+        for (int i = 0; i < m; i++) {
+            vf p[VL];
+            for (int j = 0; j < VL; j++)
+                p[j] = vf_zero();
+            for (int64_t d = 0; d < hd; d += VL) {
+                const vf qv = vf_load(a[i].q + d);
+                for (int j = 0; j < VL; j++)
+                    p[j] = vf_fmadd(qv, vf_load(k[j] + d), p[j]);
+            }
+            vf_store(a[i].s + (t - a[i].lo), vf_sum_block(p));
+        }
+    }
+    for (int i = 0; i < m; i++)
+        scores_each(a + i, kc, at, base, t, c1, hd);
+}
+
+/* out += sum over t in [t0, t1) of p[t] v_t for one query, lanes [c, c + nv VL) (nv <= 4),
+ * fma by fma in ascending t */
+static inline __attribute__((always_inline)) void
+values_each_nv(const aquery *a, const float *vc, const int64_t *at, int64_t base, int64_t t0,
+               int64_t t1, int64_t c, const int nv)
+{
+    vf acc[4];
+    for (int e = 0; e < nv; e++)
+        acc[e] = vf_load(a->out + c + e * VL);
+    for (int64_t t = t0; t < t1; t++) {
+        const vf p = vf_set1(a->s[t - a->lo]);
+        const float *v = vc + at[t - base] + c;
+        for (int e = 0; e < nv; e++)
+            acc[e] = vf_fmadd(p, vf_load(v + e * VL), acc[e]);
+    }
+    for (int e = 0; e < nv; e++)
+        vf_store(a->out + c + e * VL, acc[e]);
+}
+
+/* The same for m <= ATT_QG queries over keys [t0, t1) that all of them see: v_t's lanes loaded
+ * once for the m */
+static inline __attribute__((always_inline)) void
+values_group(const aquery *a, const int m, const float *vc, const int64_t *at, int64_t base,
+             int64_t t0, int64_t t1, int64_t c, const int nv)
+{
+    vf acc[ATT_QG][4];
+    for (int i = 0; i < m; i++)
+        for (int e = 0; e < nv; e++)
+            acc[i][e] = vf_load(a[i].out + c + e * VL);
+    for (int64_t t = t0; t < t1; t++) {
+        const float *v = vc + at[t - base] + c;
+        vf vv[4];
+        for (int e = 0; e < nv; e++)
+            vv[e] = vf_load(v + e * VL);
+        for (int i = 0; i < m; i++) {
+            const vf p = vf_set1(a[i].s[t - a[i].lo]);
+            for (int e = 0; e < nv; e++)
+                acc[i][e] = vf_fmadd(p, vv[e], acc[i][e]);
+        }
+    }
+    for (int i = 0; i < m; i++)
+        for (int e = 0; e < nv; e++)
+            vf_store(a[i].out + c + e * VL, acc[i][e]);
+}
+
+_Static_assert(ATT_QG == 4 || ATT_QG == 2, "values_shared spells out 1..ATT_QG queries");
+
+/* values_group for m queries, ATT_QG at a time (constants where inlined) */
+static inline __attribute__((always_inline)) void
+values_shared_nv(const aquery *a, int m, const float *vc, const int64_t *at, int64_t base,
+                 int64_t t0, int64_t t1, int64_t c, const int nv)
+{
+    for (int i = 0; i < m; i += ATT_QG) {
+        const int g = m - i < ATT_QG ? m - i : ATT_QG;
+        if (g == 1)
+            values_group(a + i, 1, vc, at, base, t0, t1, c, nv);
+        else if (g == 2)
+            values_group(a + i, 2, vc, at, base, t0, t1, c, nv);
+#if VL == 16
+        else if (g == 3)
+            values_group(a + i, 3, vc, at, base, t0, t1, c, nv);
+        else
+            values_group(a + i, 4, vc, at, base, t0, t1, c, nv);
+#endif
+    }
+}
+
+/* Lanes [c, c + nv VL) of the m queries' outputs: each query's keys before the shared ones
+ * [c0, c1), the shared ones together, then each query's after them; nv a constant where
+ * inlined (the accumulators stay in registers) */
+static inline __attribute__((always_inline)) void
+values_lanes(const aquery *a, int m, const float *vc, const int64_t *at, int64_t base,
+             int64_t c0, int64_t c1, int64_t c, const int nv)
+{
+    for (int i = 0; i < m; i++)
+        values_each_nv(a + i, vc, at, base, a[i].lo, c0 < a[i].n ? c0 : a[i].n, c, nv);
+    values_shared_nv(a, m, vc, at, base, c0, c1, c, nv);
+    for (int i = 0; i < m; i++)
+        values_each_nv(a + i, vc, at, base, c1 > a[i].lo ? c1 : a[i].lo, a[i].n, c, nv);
+}
+
+static void values_lanes_any(const aquery *a, int m, const float *vc, const int64_t *at,
+                             int64_t base, int64_t c0, int64_t c1, int64_t c, int nv)
+{
+    if (nv == 4)
+        values_lanes(a, m, vc, at, base, c0, c1, c, 4);
+    else if (nv == 3)
+        values_lanes(a, m, vc, at, base, c0, c1, c, 3);
+    else if (nv == 2)
+        values_lanes(a, m, vc, at, base, c0, c1, c, 2);
+    else
+        values_lanes(a, m, vc, at, base, c0, c1, c, 1);
+}
+
+/* out [hd] = softmax(q k^T * scale) v for query head h (q [hd]) of sequence b, over its KV head
+ * h / G, one query alone (heads whose dims are not a multiple of VL): dot() a key, then the
+ * weights' fmas in ascending t (axpy's, then the scalar tail) */
+static int attend_one(const agl_dims *dm, const float *kc, const float *vc, const int64_t *at,
+                      aquery *a)
+{
+    const int64_t hd = dm->hd, m = a->n - a->lo;
+    scores_each(a, kc, at, a->lo, a->lo, a->n, hd);
+    if (dm->softcap > 0.0f) {                              /* cap * tanh(s * scale / cap) */
+        for (int64_t t = 0; t < m; t++)
+            a->s[t] = dm->softcap * tanhf(a->s[t] * dm->scale / dm->softcap);
+        agl_softmax_lse(a->s, 0, 1, m, 1.0f, a->s + m, 1);
+    } else {
+        agl_softmax_lse(a->s, 0, 1, m, dm->scale, a->s + m, 1);   /* p = softmax, in place */
+    }
+    memset(a->out, 0, sizeof(float) * (size_t)hd);
+    for (int64_t t = 0; t < m; t++)
+        axpy(a->out, a->s[t], vc + at[t], hd);
+    return 0;
+}
+
+/* The m queries of a task (ascending lo and n: consecutive rows of a run, a row's heads
+ * together), all reading KV head kvh of `table`'s pages. 0, or -1 without memory. */
+static int attend_task(const agl_dims *dm, const agl_layer *L, const agl_batch *bt,
+                       const int32_t *table, int64_t kvh, aquery *a, int m)
+{
+    const int64_t hd = dm->hd, row = dm->nkv * hd, base = a[0].lo, top = a[m - 1].n;
+    const int64_t c0 = a[m - 1].lo, c1 = a[0].n > c0 ? a[0].n : c0;   /* keys all see */
+    float *s = malloc(sizeof(float) * (size_t)(m * (top - base + 1)));
+    int64_t *at = malloc(sizeof(int64_t) * (size_t)(top - base));
+    if (!s || !at) {
+        free(s);
+        free(at);
+        return -1;
+    }
+    for (int i = 0; i < m; i++)
+        a[i].s = s + i * (top - base + 1);
+    row_offsets(table, bt->page_size, base, top, row, at);
+    const float *kc = L->k_cache + kvh * hd, *vc = L->v_cache + kvh * hd;
+    if (hd % VL) {
+        for (int i = 0; i < m; i++)
+            attend_one(dm, kc, vc, at + (a[i].lo - base), a + i);
+        free(s);
+        free(at);
+        return 0;
+    }
+    for (int i = 0; i < m; i++) {                    /* the keys not all queries see */
+        scores_each(a + i, kc, at, base, a[i].lo, c0 < a[i].n ? c0 : a[i].n, hd);
+        scores_each(a + i, kc, at, base, c1 > a[i].lo ? c1 : a[i].lo, a[i].n, hd);
+    }
+    scores_shared(a, m, kc, at, base, c0, c1, hd);
+    for (int i = 0; i < m; i++) {
+        const int64_t n = a[i].n - a[i].lo;
+        float *si = a[i].s;
+        if (dm->softcap > 0.0f) {
+            for (int64_t t = 0; t < n; t++)
+                si[t] = dm->softcap * tanhf(si[t] * dm->scale / dm->softcap);
+            agl_softmax_lse(si, 0, 1, n, 1.0f, si + n, 1);
+        } else {
+            agl_softmax_lse(si, 0, 1, n, dm->scale, si + n, 1);
+        }
+        memset(a[i].out, 0, sizeof(float) * (size_t)hd);
+    }
+    for (int64_t c = 0; c < hd; c += 4 * VL)         /* lanes 4 VL at a time, t ascending */
+        values_lanes_any(a, m, vc, at, base, c0, c1, c, (int)((hd - c < 4 * VL ? hd - c : 4 * VL) / VL));
+    free(s);
+    free(at);
+    return 0;
+}
+
+/* 1 where row r reads the keys row r - 1 reads and one more: seq_lens one more, the same
+ * pages of `table` (the layer's) for all of them */
+static int same_run(const agl_batch *bt, const int32_t *table, int64_t r)
+{
+    const int64_t n = bt->seq_lens[r];
+    if (n != (int64_t)bt->seq_lens[r - 1] + 1)
+        return 0;
+    const int64_t pages = (n + bt->page_size - 1) / bt->page_size;
+    return memcmp(table + r * bt->max_pages, table + (r - 1) * bt->max_pages,
+                  sizeof(int32_t) * (size_t)pages) == 0;
+}
+
+/* A task: queries j0..j1-1 of run rows r0.. (query j: row r0 + j / G, head kvh G + j % G) */
+typedef struct {
+    int64_t r0, kvh, j0, j1;
+} atask;
+
+/* att [B, nh * hd] = the attention of every row's query heads (qkv: [B, wq], the heads
+ * first). 0, or -1 without memory. */
+static int decode_attention(const agl_dims *dm, const agl_layer *L, const agl_batch *bt,
+                            const float *qkv, int64_t wq, float *att, int nthreads)
+{
+    const int64_t B = bt->B, hd = dm->hd, G = dm->nh / dm->nkv, nq = dm->nh * hd;
+    const int32_t *table = L->window && bt->wpage_table ? bt->wpage_table : bt->page_table;
+    int64_t qc = B * dm->nh / (2 * (int64_t)nthreads);    /* ~2 tasks a thread (measured:
+                                                             * 4 or 8 a thread were slower) */
+    qc = qc < 1 ? 1 : qc > ATT_QC ? ATT_QC : qc;
+    atask *tasks = malloc(sizeof(atask) * (size_t)(B * dm->nh));
+    if (!tasks)
+        return -1;
+    int64_t nt = 0;
+    for (int64_t r0 = 0, r1; r0 < B; r0 = r1) {
+        for (r1 = r0 + 1; r1 < B && same_run(bt, table, r1); r1++)
+            ;
+        for (int64_t kvh = 0; kvh < dm->nkv; kvh++)
+            for (int64_t j = 0; j < (r1 - r0) * G; j += qc)
+                tasks[nt++] = (atask){r0, kvh, j, j + qc < (r1 - r0) * G ? j + qc : (r1 - r0) * G};
+    }
+    int fail = 0;
+    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) reduction(|:fail)
+    for (int64_t k = 0; k < nt; k++) {
+        const atask *tk = tasks + k;
+        aquery a[ATT_QC];
+        const int m = (int)(tk->j1 - tk->j0);
+        for (int i = 0; i < m; i++) {
+            const int64_t b = tk->r0 + (tk->j0 + i) / G, h = tk->kvh * G + (tk->j0 + i) % G,
+                          n = bt->seq_lens[b];
+            a[i] = (aquery){qkv + b * wq + h * hd, att + b * nq + h * hd,
+                            L->window && n > L->window ? n - L->window : 0, n, NULL};
+        }
+        const int64_t last = tk->r0 + (tk->j1 - 1) / G;       /* its table covers them all */
+        fail |= attend_task(dm, L, bt, table + last * bt->max_pages, tk->kvh, a, m);
+    }
+    free(tasks);
+    return fail ? -1 : 0;
+}
+
+#endif
