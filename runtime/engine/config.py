@@ -60,7 +60,7 @@ class EngineConfig:
     # entries of the index of other requests' outputs (0: drafts from the own context only)
     speculative: bool = False
     speculative_max_draft: int = DEFAULT_MAX_DRAFT
-    speculative_row_cost: float = ROW_COST
+    speculative_row_cost: float | None = None   # None: measured (speculative/calibrate.py)
     speculative_shared_cap: int = SHARED_CAP
     # sessions (agentlang.runtime.engine.sessions): open at most; a finished turn's KV held at
     # most this long; session holds keep at most this share of the pool; idle timeout default
@@ -109,7 +109,8 @@ class EngineConfig:
         if not isinstance(self.speculative, bool):
             raise ValueError(f"speculative must be True or False, got {self.speculative!r}")
         check_max_draft(self.speculative_max_draft, "speculative_max_draft")
-        check_row_cost(self.speculative_row_cost, "speculative_row_cost")
+        if self.speculative_row_cost is not None:
+            check_row_cost(self.speculative_row_cost, "speculative_row_cost")
         check_schedule_policy(self.schedule_policy)
         cap = self.speculative_shared_cap
         if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= 2 ** 24:
@@ -150,7 +151,9 @@ class EngineConfig:
                                max_lower_priority_tokens=self.max_lower_priority_tokens,
                                urgent_slots=self.urgent_slots,
                                retain_max_pages=int(self.session_max_fraction * num_pages),
-                               busy_requests=busy_requests(self.speculative_row_cost))
+                               busy_requests=busy_requests(
+                                   ROW_COST if self.speculative_row_cost is None
+                                   else self.speculative_row_cost))
 
     def _check_bf16_gemm_rows(self) -> None:
         rows = self.bf16_gemm_rows

@@ -48,6 +48,7 @@ from agentlang.runtime.engine.request_tracker import RequestTracker
 from agentlang.runtime.sampling.params import SamplingParams
 from agentlang.runtime.scheduler.scheduler import Scheduler
 from agentlang.runtime.speculative import DraftPolicy
+from agentlang.runtime.speculative.calibrate import measure_row_cost
 
 
 class PrefixHandle:
@@ -102,7 +103,8 @@ class Engine:
         self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
                                          self.tokenizer, self.eos_ids, self.max_context,
                                          DraftPolicy(cfg.speculative_max_draft,
-                                                     cfg.speculative_row_cost),
+                                                     cfg.speculative_row_cost,
+                                                     self._measure_row_cost),
                                          cfg.speculative, cfg.speculative_shared_cap)
         self.step_loop = StepLoop(self.step, self._fail_all)
         # sessions: open / close / SGLang turns (engine.sessions.open(...), ...)
@@ -307,6 +309,13 @@ class Engine:
         :meth:`RequestBuilder.compile_constraint`): a caller that must refuse bad constraints
         before submitting (the server) calls this first, and submit then reuses its work."""
         return self.builder.compile_constraint(params, budget_field)
+
+    def _measure_row_cost(self) -> float | None:
+        """The draft policy's row cost measured on this model and machine (called by the
+        policy in the stepping thread, at its first draft decision; see
+        :mod:`agentlang.runtime.speculative.calibrate`)."""
+        return measure_row_cost(self.model, self.pool, self.allocator, self.backend,
+                                self.max_context)
 
     def _make_grammar_cache(self):
         from agentlang.runtime.grammar.base import make_grammar_backend

@@ -41,6 +41,11 @@ class OutputProcessor:
         self.on_group_finish: Callable[[RequestGroup], None] | None = None   # sessions' hook
 
     # ---- intake -----------------------------------------------------------------------
+    @property
+    def spec_row_cost(self) -> float:
+        """The row cost the draft policy uses now (given, measured, or the default)."""
+        return self.sampler.policy.row_cost
+
     def add(self, group: RequestGroup) -> None:
         """A submitted group: queued now, or once its grammar has compiled."""
         if self.tracker.register(group):

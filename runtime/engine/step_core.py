@@ -114,6 +114,7 @@ class StepCore:
             "spec_draft_tokens": counters.spec_draft_tokens,
             "spec_accepted_tokens": counters.spec_accepted_tokens,
             "spec_verify_steps": counters.spec_verify_steps,
+            "spec_row_cost": self.processor.spec_row_cost,
             **self._session_metrics(),
             **window_metrics(alloc.windows),
             "num_running": len(sched.running),

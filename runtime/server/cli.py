@@ -88,8 +88,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="most draft tokens a request verifies in one step, 1..32 (default 8)")
     p.add_argument("--speculative-row-cost", type=float, default=None,
                    help="what one more row of a step costs relative to a one-row step, in "
-                        "(0, 1]: the draft-length policy's model (default 0.35, measured on 2 "
-                        "AVX2 cores by bench/speculative.py)")
+                        "(0, 1]: the draft-length policy's model (default: measured on this "
+                        "machine and model at the first draft decision, a 9-row step against a "
+                        "1-row one after 512 tokens; also the 'live' schedule's busy bound, "
+                        "0.35 when not given)")
     p.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=None,
                    help="order of waiting requests of equal priority: 'lpm' longest cached "
                         "prefix first (default), 'program' the request whose program (session, "

@@ -1,7 +1,8 @@
 """Model-free speculative decoding: drafts from the request's own context
 (:mod:`~agentlang.runtime.speculative.context_lookup`) and from recent outputs of other
 requests of its namespace (:mod:`~agentlang.runtime.speculative.shared_lookup`), a draft length chosen from the
-acceptance seen so far and the cost of a verify row (:mod:`~agentlang.runtime.speculative.policy`).
+acceptance seen so far and the cost of a verify row (:mod:`~agentlang.runtime.speculative.policy`),
+measured on the machine unless given (:mod:`~agentlang.runtime.speculative.calibrate`).
 Verification is jump-forward's (:mod:`agentlang.runtime.engine.constrained_step`): one extend
 step over the draft, each row sampled with the request's own generator, accepted while the
 sample equals the draft, so outputs are the same with speculation on or off."""

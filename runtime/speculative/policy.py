@@ -23,13 +23,15 @@ stopped drafting starts again once its context predicts it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 FORGET = 0.7            # weight of the past in the acceptance estimate, per observation
 MAX_DRAFT = 32          # most draft tokens a step verifies (jump-forward's drafts included)
 DEFAULT_MAX_DRAFT = 8   # a context-lookup draft's default cap
-# c: one more row of the embedded model's native step at a 512-token context, relative to one
-# row, on 2 AVX2 cores (bench/speculative.py: 0.26-0.47 for 2-17 rows). A CPU with int8 dot
-# products (AVX-512 VNNI) verifies rows more cheaply: a smaller value drafts longer there.
+# c where it is neither given nor measured (speculative/calibrate.py): one more row of the
+# embedded model's native step at a 512-token context, relative to one row, on 2 AVX2 cores
+# (bench/speculative.py: 0.26-0.47 for 2-17 rows). CPUs with int8 dot products or AMX tiles
+# verify rows more cheaply (~0.15 with AMX): a smaller value drafts longer there.
 ROW_COST = 0.35
 
 
@@ -61,18 +63,35 @@ class DraftStats:
 
 
 class DraftPolicy:
-    """``max_draft`` in ``[1, 32]``; ``row_cost`` (``c`` above) in ``(0, 1]``."""
+    """``max_draft`` in ``[1, 32]``; ``row_cost`` (``c`` above) in ``(0, 1]``, or None: measured
+    by ``measure()`` (:func:`~agentlang.runtime.speculative.calibrate.measure_row_cost`) at the
+    first draft decision and kept; until a measurement succeeds (or without ``measure``) the
+    decisions use :data:`ROW_COST`."""
 
-    def __init__(self, max_draft: int = DEFAULT_MAX_DRAFT, row_cost: float = ROW_COST):
+    def __init__(self, max_draft: int = DEFAULT_MAX_DRAFT, row_cost: float | None = ROW_COST,
+                 measure: Callable[[], float | None] | None = None):
         check_max_draft(max_draft, "max_draft")
-        check_row_cost(row_cost, "row_cost")
+        if row_cost is not None:
+            check_row_cost(row_cost, "row_cost")
         self.max_draft = max_draft
-        self.row_cost = float(row_cost)
+        self._row_cost = None if row_cost is None else float(row_cost)
+        self._measure = measure
+
+    @property
+    def row_cost(self) -> float:
+        """The ``c`` decisions use now: given, measured, or :data:`ROW_COST` until measured."""
+        return ROW_COST if self._row_cost is None else self._row_cost
+
+    def _decision_cost(self) -> float:
+        """``row_cost``, measured first where that is asked for and not yet done."""
+        if self._row_cost is None and self._measure is not None:
+            self._row_cost = self._measure()
+        return self.row_cost
 
     def length(self, acceptance: float, batch: int, cap: int | None = None) -> int:
         """Draft tokens worth verifying for a request with this ``acceptance`` in a step of
         ``batch`` requests, at most ``cap`` (default ``max_draft``)."""
-        c = self.row_cost
+        c = self._decision_cost()
         value = (1 + c * (max(batch, 1) - 1)) / max(batch, 1)     # a token, in step units
         best, best_gain, gain, term = 0, 0.0, 0.0, 1.0
         for k in range(1, min(self.max_draft, self.max_draft if cap is None else cap) + 1):

@@ -34,6 +34,9 @@ def test_on_off_identical_and_reported(client, http):
     assert after["agentlang_spec_accepted_tokens_total"] - \
         before["agentlang_spec_accepted_tokens_total"] == details.accepted_prediction_tokens
     assert after["agentlang_spec_draft_tokens_total"] > before["agentlang_spec_draft_tokens_total"]
+    # the draft policy's row cost, measured on this machine at the first draft (not 0.35)
+    assert 0.02 <= after["agentlang_speculative_row_cost"] <= 1
+    assert after["agentlang_speculative_row_cost"] != 0.35
 
 
 def test_streamed_chunks_carry_several_tokens(http):

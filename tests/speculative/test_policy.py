@@ -58,3 +58,22 @@ def test_stats_start_at_the_prior_and_learn():
 def test_bad_settings_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         DraftPolicy(**kwargs)
+
+
+def test_a_measured_row_cost_is_asked_for_once_at_the_first_decision():
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return None if len(calls) == 1 else 0.05      # the first try cannot measure (pool short)
+
+    p = DraftPolicy(max_draft=8, row_cost=None, measure=measure)
+    assert p.row_cost == 0.35 and calls == []          # reading it measures nothing
+    assert p.length(0.8, batch=1) == DraftPolicy(8, 0.35).length(0.8, batch=1)
+    assert len(calls) == 1                             # tried, failed: the default decided
+    assert p.length(0.8, batch=1) == DraftPolicy(8, 0.05).length(0.8, batch=1)
+    p.length(0.8, batch=1)
+    assert len(calls) == 2 and p.row_cost == 0.05      # measured once, then kept
+    given = DraftPolicy(max_draft=8, row_cost=0.2, measure=measure)
+    given.length(0.8, batch=1)
+    assert len(calls) == 2                             # a given value is never measured

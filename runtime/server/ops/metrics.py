@@ -43,6 +43,9 @@ GAUGES = (
      "Programs with a running request or a session hold (schedule policy live; else 0)."),
     ("live_program_limit", "live_program_limit",
      "Schedule policy live: most live programs before a new one may start (max_running: none)."),
+    ("speculative_row_cost", "spec_row_cost",
+     "Speculative decoding: one more verify row's cost relative to a one-row step, as the draft "
+     "policy uses it (measured at the first draft decision unless given; 0.35 until then)."),
     ("kv_window_pages_total", "window_pages_total",
      "Sliding-window layers' KV pages in all (0: the model has no sliding layers)."),
     ("kv_window_pages_free", "window_pages_free", "Sliding-window KV pages on the free list."),
