@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -161,6 +162,10 @@ def agentlang_side(args, tok) -> dict:
                         print(f"  {name:11s} batch {batch}: off {off:6.1f}  on {on:6.1f} tok/s "
                               f"x{on / off:.2f}  acceptance {row['acceptance']}  "
                               f"identical {same}", flush=True)
+                metrics = (await c.get("/metrics")).text
+                cost = re.search(r"^agentlang_speculative_row_cost (\S+)$", metrics, re.M)
+                results["policy_row_cost"] = float(cost.group(1)) if cost else None
+                print(f"  the draft policy's row cost: {results['policy_row_cost']}", flush=True)
         asyncio.run(main())
     finally:
         stop_server(server.proc)
