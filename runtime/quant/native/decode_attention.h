@@ -10,10 +10,11 @@
  *
  * Every query's result is bit for bit what it would be alone: each score is dot()'s
  * (vf_sum_block reduces VL of them at once through vf_sum's own tree), each softmax its own
- * agl_softmax_lse call, each output the fma of p[t] v_t in ascending t from zero, whatever
- * the task's other queries or the thread that runs it (heads of other than VL multiples of
- * dims take the one-query path, which gives the same numbers). So a row's output does not
- * depend on the rows beside it in the step, on the task cut or on the thread count. */
+ * row of agl_softmax_lse (agl_softmax_lse_row: no nested parallel region), each output the
+ * fma of p[t] v_t in ascending t from zero, whatever the task's other queries or the thread
+ * that runs it (heads of other than VL multiples of dims take the one-query path, which gives
+ * the same numbers). So a row's output does not depend on the rows beside it in the step, on
+ * the task cut or on the thread count. */
 #ifndef AGL_DECODE_ATTENTION_H
 #define AGL_DECODE_ATTENTION_H
 #include <math.h>
@@ -187,9 +188,9 @@ static int attend_one(const agl_dims *dm, const float *kc, const float *vc, cons
     if (dm->softcap > 0.0f) {                              /* cap * tanh(s * scale / cap) */
         for (int64_t t = 0; t < m; t++)
             a->s[t] = dm->softcap * tanhf(a->s[t] * dm->scale / dm->softcap);
-        agl_softmax_lse(a->s, 0, 1, m, 1.0f, a->s + m, 1);
+        agl_softmax_lse_row(a->s, m, 1.0f, a->s + m);
     } else {
-        agl_softmax_lse(a->s, 0, 1, m, dm->scale, a->s + m, 1);   /* p = softmax, in place */
+        agl_softmax_lse_row(a->s, m, dm->scale, a->s + m);   /* p = softmax, in place */
     }
     memset(a->out, 0, sizeof(float) * (size_t)hd);
     for (int64_t t = 0; t < m; t++)
@@ -233,9 +234,9 @@ static int attend_task(const agl_dims *dm, const agl_layer *L, const agl_batch *
         if (dm->softcap > 0.0f) {
             for (int64_t t = 0; t < n; t++)
                 si[t] = dm->softcap * tanhf(si[t] * dm->scale / dm->softcap);
-            agl_softmax_lse(si, 0, 1, n, 1.0f, si + n, 1);
+            agl_softmax_lse_row(si, n, 1.0f, si + n);
         } else {
-            agl_softmax_lse(si, 0, 1, n, dm->scale, si + n, 1);
+            agl_softmax_lse_row(si, n, dm->scale, si + n);
         }
         memset(a[i].out, 0, sizeof(float) * (size_t)hd);
     }

@@ -72,6 +72,9 @@ void agl_panel_dequant_bf16(const agl_qweight *w, int64_t r0, int64_t r1, uint16
  * softmax of scale * s; lse[r] = its log-sum-exp (softmax.c). */
 void agl_softmax_lse(void *s, int bf16, int64_t rows, int64_t L, float scale, float *lse,
                      int nthreads);
+/* One float32 row of L scores, as agl_softmax_lse with rows = 1 gives it, without opening a
+ * parallel region (for callers inside one: decode_attention.h's tasks) */
+void agl_softmax_lse_row(float *s, int64_t L, float scale, float *lse);
 /* the same, row r seeing only keys 0 .. L - n + (r mod n G) / G: a causal block of the last
  * n keys in (token, head) row order, G heads a token (n = 0: every key); the hidden keys'
  * p is 0 and they are not read (softmax.c). */

@@ -17,6 +17,12 @@ void agl_softmax_lse(void *s, int bf16, int64_t rows, int64_t L, float scale, fl
     agl_softmax_lse_causal(s, bf16, rows, L, 0, 1, scale, lse, nthreads);
 }
 
+/* One float32 row, no parallel region */
+void agl_softmax_lse_row(float *s, int64_t L, float scale, float *lse)
+{
+    softmax_row(s, 0, L, L, scale, lse, NULL);
+}
+
 /* The same with a causal block's mask implied: row r (of every n * G) is token (r mod n G) / G
  * of the last n keys' block, which sees keys 0 .. L - n + that token (n = 0: every key). */
 void agl_softmax_lse_causal(void *s, int bf16, int64_t rows, int64_t L, int64_t n, int64_t G,
