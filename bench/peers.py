@@ -99,13 +99,15 @@ def launch(name: str, cmd: list[str], port: int, model: str, env: dict | None = 
     raise RuntimeError(f"{name} did not start within {timeout:.0f} s ({log})")
 
 
-def start_agentlang(dtype: str, weights: str, args) -> Server:
+def start_agentlang(dtype: str, weights: str, args, bf16_gemm_rows: int | None = None) -> Server:
+    """``agentlang serve`` with ``args.kv_budget_mb`` of KV (and ``--bf16-gemm-rows`` when
+    given)."""
     port = free_port()
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
            "--dtype", dtype, "--weights", weights, "--kv-budget-mb", str(args.kv_budget_mb),
            "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning"]
-    if args.bf16_gemm_rows is not None:
-        cmd += ["--bf16-gemm-rows", str(args.bf16_gemm_rows)]
+    if bf16_gemm_rows is not None:
+        cmd += ["--bf16-gemm-rows", str(bf16_gemm_rows)]
     return launch(f"agentlang ({dtype}, {weights})", cmd, port, "default", cwd=ROOT)
 
 
@@ -329,7 +331,8 @@ def main() -> None:
     gguf = resolve_model("default", "auto").path
     hf_dir = vllm_model_dir()
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    starts = [lambda w=w: start_agentlang(args.dtype, w, args) for w in args.weights]
+    starts = [lambda w=w: start_agentlang(args.dtype, w, args, args.bf16_gemm_rows)
+              for w in args.weights]
     if "vllm" in args.peers:
         starts.append(lambda: start_vllm(hf_dir, args))
     if "llama" in args.peers:
