@@ -17,6 +17,7 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -100,11 +101,12 @@ class Engine:
                                       self.grammars, cfg.seed, registry)
         self.agent_stats = AgentStats(cfg.max_agent_labels)   # per-label totals (/metrics)
         self.tracker = RequestTracker(self.agent_stats)
+        measure = partial(measure_row_cost, self.model, self.pool, self.allocator, self.backend,
+                          self.max_context)       # the row cost, at the policy's first draft
         self.processor = OutputProcessor(self.tracker, self.scheduler, self.builder,
                                          self.tokenizer, self.eos_ids, self.max_context,
                                          DraftPolicy(cfg.speculative_max_draft,
-                                                     cfg.speculative_row_cost,
-                                                     self._measure_row_cost),
+                                                     cfg.speculative_row_cost, measure),
                                          cfg.speculative, cfg.speculative_shared_cap)
         self.step_loop = StepLoop(self.step, self._fail_all)
         # sessions: open / close / SGLang turns (engine.sessions.open(...), ...)
@@ -309,13 +311,6 @@ class Engine:
         :meth:`RequestBuilder.compile_constraint`): a caller that must refuse bad constraints
         before submitting (the server) calls this first, and submit then reuses its work."""
         return self.builder.compile_constraint(params, budget_field)
-
-    def _measure_row_cost(self) -> float | None:
-        """The draft policy's row cost measured on this model and machine (called by the
-        policy in the stepping thread, at its first draft decision; see
-        :mod:`agentlang.runtime.speculative.calibrate`)."""
-        return measure_row_cost(self.model, self.pool, self.allocator, self.backend,
-                                self.max_context)
 
     def _make_grammar_cache(self):
         from agentlang.runtime.grammar.base import make_grammar_backend

@@ -59,7 +59,7 @@ def _shortest(model, pool: KVPool, backend, pages: list[int], context: int, rows
     with torch.inference_mode():
         for _ in range(REPS + 1):
             batch = build_forward_batch([[0] * rows], [context], [pages], pool.page_size,
-                                        logits_rows=[list(range(rows))])
+                                        logits_rows=[list(range(rows))], device=pool.device)
             if cuda:
                 torch.cuda.synchronize(pool.device)
             t0 = time.perf_counter()

@@ -22,8 +22,11 @@ stopped drafting starts again once its context predicts it.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
+
+log = logging.getLogger(__name__)
 
 FORGET = 0.7            # weight of the past in the acceptance estimate, per observation
 MAX_DRAFT = 32          # most draft tokens a step verifies (jump-forward's drafts included)
@@ -83,9 +86,15 @@ class DraftPolicy:
         return ROW_COST if self._row_cost is None else self._row_cost
 
     def _decision_cost(self) -> float:
-        """``row_cost``, measured first where that is asked for and not yet done."""
+        """``row_cost``, measured first where that is asked for and not yet done. A measurement
+        that raises is logged and not tried again: tuning never fails a step."""
         if self._row_cost is None and self._measure is not None:
-            self._row_cost = self._measure()
+            try:
+                self._row_cost = self._measure()
+            except Exception as e:               # noqa: BLE001 - any failure: keep the default
+                log.warning("speculative row cost not measured (%s: %s); %.2f is used",
+                            type(e).__name__, e, ROW_COST)
+                self._measure = None
         return self.row_cost
 
     def length(self, acceptance: float, batch: int, cap: int | None = None) -> int:

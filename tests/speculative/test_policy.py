@@ -77,3 +77,16 @@ def test_a_measured_row_cost_is_asked_for_once_at_the_first_decision():
     given = DraftPolicy(max_draft=8, row_cost=0.2, measure=measure)
     given.length(0.8, batch=1)
     assert len(calls) == 2                             # a given value is never measured
+
+
+def test_a_measurement_that_fails_leaves_the_default_and_is_not_retried():
+    calls = []
+
+    def measure():
+        calls.append(1)
+        raise RuntimeError("no device memory for the 9-row step")
+
+    p = DraftPolicy(max_draft=8, row_cost=None, measure=measure)
+    assert p.length(0.8, batch=1) == DraftPolicy(8, 0.35).length(0.8, batch=1)
+    p.length(0.8, batch=1)
+    assert calls == [1] and p.row_cost == 0.35
