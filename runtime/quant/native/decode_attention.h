@@ -177,25 +177,49 @@ static void values_lanes_any(const aquery *a, int m, const float *vc, const int6
         values_lanes(a, m, vc, at, base, c0, c1, c, 1);
 }
 
-/* out [hd] = softmax(q k^T * scale) v for query head h (q [hd]) of sequence b, over its KV head
- * h / G, one query alone (heads whose dims are not a multiple of VL): dot() a key, then the
- * weights' fmas in ascending t (axpy's, then the scalar tail) */
-static int attend_one(const agl_dims *dm, const float *kc, const float *vc, const int64_t *at,
-                      aquery *a)
+/* Query a's scores in place: capped (cap * tanh(s * scale / cap)) where the model says so,
+ * then p = softmax(scale * s) with the lse after them (agl_softmax_lse_row); its output
+ * zeroed for the values' fmas */
+static void probabilities(const agl_dims *dm, aquery *a)
 {
-    const int64_t hd = dm->hd, m = a->n - a->lo;
-    scores_each(a, kc, at, a->lo, a->lo, a->n, hd);
-    if (dm->softcap > 0.0f) {                              /* cap * tanh(s * scale / cap) */
-        for (int64_t t = 0; t < m; t++)
+    const int64_t n = a->n - a->lo;
+    if (dm->softcap > 0.0f) {
+        for (int64_t t = 0; t < n; t++)
             a->s[t] = dm->softcap * tanhf(a->s[t] * dm->scale / dm->softcap);
-        agl_softmax_lse_row(a->s, m, 1.0f, a->s + m);
+        agl_softmax_lse_row(a->s, n, 1.0f, a->s + n);
     } else {
-        agl_softmax_lse_row(a->s, m, dm->scale, a->s + m);   /* p = softmax, in place */
+        agl_softmax_lse_row(a->s, n, dm->scale, a->s + n);
     }
-    memset(a->out, 0, sizeof(float) * (size_t)hd);
-    for (int64_t t = 0; t < m; t++)
-        axpy(a->out, a->s[t], vc + at[t], hd);
-    return 0;
+    memset(a->out, 0, sizeof(float) * (size_t)dm->hd);
+}
+
+/* One query alone (heads whose dims are not a multiple of VL; at: its own keys'): dot() a
+ * key, then the weights' fmas in ascending t (axpy's, then the scalar tail) */
+static void attend_one(const agl_dims *dm, const float *kc, const float *vc, const int64_t *at,
+                       aquery *a)
+{
+    scores_each(a, kc, at, a->lo, a->lo, a->n, dm->hd);
+    probabilities(dm, a);
+    for (int64_t t = 0; t < a->n - a->lo; t++)
+        axpy(a->out, a->s[t], vc + at[t], dm->hd);
+}
+
+/* The m queries together (hd a multiple of VL): each query's own keys one by one, the keys
+ * all of them see [c0, c1) VL at a time, then the values 4 VL lanes at a time */
+static void attend_grouped(const agl_dims *dm, const float *kc, const float *vc,
+                           const int64_t *at, int64_t base, aquery *a, int m)
+{
+    const int64_t hd = dm->hd, c0 = a[m - 1].lo, c1 = a[0].n > c0 ? a[0].n : c0;
+    for (int i = 0; i < m; i++) {
+        scores_each(a + i, kc, at, base, a[i].lo, c0 < a[i].n ? c0 : a[i].n, hd);
+        scores_each(a + i, kc, at, base, c1 > a[i].lo ? c1 : a[i].lo, a[i].n, hd);
+    }
+    scores_shared(a, m, kc, at, base, c0, c1, hd);
+    for (int i = 0; i < m; i++)
+        probabilities(dm, a + i);
+    for (int64_t c = 0; c < hd; c += 4 * VL)
+        values_lanes_any(a, m, vc, at, base, c0, c1, c,
+                         (int)((hd - c < 4 * VL ? hd - c : 4 * VL) / VL));
 }
 
 /* The m queries of a task (ascending lo and n: consecutive rows of a run, a row's heads
@@ -203,48 +227,24 @@ static int attend_one(const agl_dims *dm, const float *kc, const float *vc, cons
 static int attend_task(const agl_dims *dm, const agl_layer *L, const agl_batch *bt,
                        const int32_t *table, int64_t kvh, aquery *a, int m)
 {
-    const int64_t hd = dm->hd, row = dm->nkv * hd, base = a[0].lo, top = a[m - 1].n;
-    const int64_t c0 = a[m - 1].lo, c1 = a[0].n > c0 ? a[0].n : c0;   /* keys all see */
+    const int64_t hd = dm->hd, base = a[0].lo, top = a[m - 1].n;
     float *s = malloc(sizeof(float) * (size_t)(m * (top - base + 1)));
     int64_t *at = malloc(sizeof(int64_t) * (size_t)(top - base));
-    if (!s || !at) {
-        free(s);
-        free(at);
-        return -1;
-    }
-    for (int i = 0; i < m; i++)
-        a[i].s = s + i * (top - base + 1);
-    row_offsets(table, bt->page_size, base, top, row, at);
-    const float *kc = L->k_cache + kvh * hd, *vc = L->v_cache + kvh * hd;
-    if (hd % VL) {
+    if (s && at) {
         for (int i = 0; i < m; i++)
-            attend_one(dm, kc, vc, at + (a[i].lo - base), a + i);
-        free(s);
-        free(at);
-        return 0;
+            a[i].s = s + i * (top - base + 1);
+        row_offsets(table, bt->page_size, base, top, dm->nkv * hd, at);
+        const float *kc = L->k_cache + kvh * hd, *vc = L->v_cache + kvh * hd;
+        if (hd % VL)
+            for (int i = 0; i < m; i++)
+                attend_one(dm, kc, vc, at + (a[i].lo - base), a + i);
+        else
+            attend_grouped(dm, kc, vc, at, base, a, m);
     }
-    for (int i = 0; i < m; i++) {                    /* the keys not all queries see */
-        scores_each(a + i, kc, at, base, a[i].lo, c0 < a[i].n ? c0 : a[i].n, hd);
-        scores_each(a + i, kc, at, base, c1 > a[i].lo ? c1 : a[i].lo, a[i].n, hd);
-    }
-    scores_shared(a, m, kc, at, base, c0, c1, hd);
-    for (int i = 0; i < m; i++) {
-        const int64_t n = a[i].n - a[i].lo;
-        float *si = a[i].s;
-        if (dm->softcap > 0.0f) {
-            for (int64_t t = 0; t < n; t++)
-                si[t] = dm->softcap * tanhf(si[t] * dm->scale / dm->softcap);
-            agl_softmax_lse_row(si, n, 1.0f, si + n);
-        } else {
-            agl_softmax_lse_row(si, n, dm->scale, si + n);
-        }
-        memset(a[i].out, 0, sizeof(float) * (size_t)hd);
-    }
-    for (int64_t c = 0; c < hd; c += 4 * VL)         /* lanes 4 VL at a time, t ascending */
-        values_lanes_any(a, m, vc, at, base, c0, c1, c, (int)((hd - c < 4 * VL ? hd - c : 4 * VL) / VL));
+    const int rc = s && at ? 0 : -1;
     free(s);
     free(at);
-    return 0;
+    return rc;
 }
 
 /* 1 where row r reads the keys row r - 1 reads and one more: seq_lens one more, the same
