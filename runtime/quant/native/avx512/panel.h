@@ -53,8 +53,12 @@
 #define PN 16            /* weight rows a panel: the lanes of an accumulator */
 #define PBLK 64          /* activation bytes a block: h[32], l[32] */
 #define PROWS 16         /* activation rows an AMX tile */
-#define AMX_ROWS 4       /* calls of at least this many rows run on AMX tiles (4-bit kinds,
-                          * whose tiles are unpacked first: one more) */
+#define AMX_ROWS 7       /* calls of at least this many rows run on AMX tiles (4-bit kinds,
+                          * whose tiles are unpacked first: one more). Measured on a 2-core
+                          * Xeon (the embedded model's step, 512 cached tokens): a tile's
+                          * product must be stored and scaled a block at a time, so up to 7
+                          * rows two VNNI passes are faster (5 rows: 10.9 vs 13.0 ms, 7: 13.3
+                          * vs 14.2); 8 and 9 rows take the same time either way */
 #define VNNI_ROWS 4      /* activation rows a VNNI pass (the weights unpacked once for them) */
 
 /* The quantized activations of a call (quantize_panel_row): row r's block b at
