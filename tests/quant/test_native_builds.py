@@ -107,7 +107,7 @@ def amx_build():
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
 def test_amx_tiles_and_the_one_row_path_give_the_same_bits(qtype):
     """A call of one row (VNNI, a weight row a lane), of up to 7 (VNNI, the weights unpacked
-    once for 4 rows) and of more (AMX tiles from 7 rows for Q8, 8 for Q4; up to 16 rows a tile,
+    once for 6 rows) and of more (AMX tiles from 7 rows for Q8, 8 for Q4; up to 16 rows a tile,
     split evenly) give each row the same bits; and the float64 product of the exact weights."""
     gguf = pytest.importorskip("gguf")
     from agentlang.runtime.weights.gguf_weights import block_linear
