@@ -85,7 +85,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "'speculative': drafts copied from the request's own context, verified "
                         "in one pass, outputs unchanged (default off)")
     p.add_argument("--speculative-max-draft", type=int, default=None,
-                   help="most draft tokens a request verifies in one step, 1..32 (default 8)")
+                   help="most draft tokens a request verifies in one step, 1..32 (default 16)")
     p.add_argument("--speculative-row-cost", type=float, default=None,
                    help="what one more row of a step costs relative to a one-row step, in "
                         "(0, 1]: the draft-length policy's model (default: measured on this "
