@@ -22,10 +22,25 @@ def installed() -> bool:
     return _root() is not None
 
 
+def _parse(source: str, tries: int = 3) -> ast.Module:
+    """``ast.parse``, tried again on CPython 3.11's spurious ``SystemError: AST constructor
+    recursion depth mismatch``: the AST builder's depth counter is shared module state, so a
+    parse that runs inside another one's construction (Python code run by the garbage collector,
+    another thread) upsets it (python/cpython#106905). Seen once in a full ``make test``; the
+    same source parses on the next try."""
+    for attempt in range(tries):
+        try:
+            return ast.parse(source)
+        except SystemError as e:
+            if "recursion depth mismatch" not in str(e) or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def class_fields(rel: str, cls: str) -> dict[str, Any]:
     """Annotated fields of ``cls`` in ``sglang/<rel>``: name → literal default (``...`` when
     there is none or it is not a literal)."""
-    tree = ast.parse((_root() / rel).read_text())
+    tree = _parse((_root() / rel).read_text())
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
     out: dict[str, Any] = {}
     for n in node.body:
