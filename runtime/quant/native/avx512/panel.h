@@ -1,7 +1,8 @@
 /* The AMX build's Q4 / Q5 / Q8 / Q4_K / Q6_K matmul (qmatmul.c includes it with -DAGL_AMX, the kinds
  * of qmatmul.h's agl_panel_kind): weights in panels of
  * 16 output rows, multiplied by AMX tiles (TDPBSSD / TDPBUSD) when a call has AMX_ROWS rows or
- * more and by AVX-512 VNNI with one weight row a lane below that (or where Linux refuses the
+ * more (AMX_ROWS_NIBBLES for the 4-bit kinds) and by AVX-512 VNNI (VPDPWSSD) with one weight
+ * row a lane below that (or where Linux refuses the
  * tiles); both give every output bit for bit the same value, so a row's output never depends
  * on how many rows its call has.
  *
@@ -25,13 +26,15 @@
  * of 8 rows of 64 bytes: C[i][c] += sum over K of x[i][k] w[c][k] is the block's sum of row c.
  *
  * Activations (quantize_panel_row): each row quantized as qmatmul.c's are, 16 bits a weight,
- * a step a block (d = max|x| / 32767, q = round(x / d)), q = 256 h + l, kept a block at a time
- * as h int8 [32] then l uint8 [32] (an AMX A tile's row: rows of a call at a stride of kb * 64
- * bytes), with the block's step dx, xs = dx * sum(q) (the min term) and, for the signed
- * kinds' VNNI path, -128 * sum(h) over each half of the block.
+ * a step a block (d = max|x| / 32767, q = round(x / d)), with the block's step dx and xs =
+ * dx * sum(q) (the min term); kept a block at a time for the path that reads them: for the
+ * tiles as q = 256 h + l, h int8 [32] then l uint8 [32] (an AMX A tile's row: rows of a call
+ * at a stride of kb * 64 bytes); for VNNI as q int16 [32] in pairs, word 2j = (q[4j], q[4j+2])
+ * and word 2j + 1 = (q[4j+1], q[4j+3]) (low half first): the pairs of weights that
+ * vpdpwssd multiplies, taken from word j of the unpacked block (weights 4j .. 4j + 3).
  *
- * Arithmetic, the same in both paths: block b's integer sum s = 256 (w . h) + w . l is exact
- * (int32); then, in block order, acc = fma(float(s), dw * dx, acc) (Q6_K: each half's sum
+ * Arithmetic, the same in both paths: block b's integer sum s = w . q (the tiles: 256 (w . h)
+ * + w . l) is exact (int32); then, in block order, acc = fma(float(s), dw * dx, acc) (Q6_K: each half's sum
  * with its step, first half first) and, the 4-bit kinds, accm = fma(mn, xs, accm) (mn = m,
  * -8 dw for Q4_0, -dmin mn for Q4_K); the output is acc + accm (+ bias). The lanes
  * of acc are the panel's 16 rows: each output's float operations are its own, whatever the
@@ -53,22 +56,23 @@
 #define PN 16            /* weight rows a panel: the lanes of an accumulator */
 #define PBLK 64          /* activation bytes a block: h[32], l[32] */
 #define PROWS 16         /* activation rows an AMX tile */
-#define AMX_ROWS 7       /* calls of at least this many rows run on AMX tiles (4-bit kinds,
-                          * whose tiles are unpacked first: one more). Measured on a 2-core
-                          * Xeon (the embedded model's step, 512 cached tokens): a tile's
-                          * product must be stored and scaled a block at a time, so up to 7
-                          * rows two VNNI passes are faster (5 rows: 10.9 vs 13.0 ms, 7: 13.3
-                          * vs 14.2); 8 and 9 rows take the same time either way */
-#define VNNI_ROWS 6      /* activation rows a VNNI pass (the weights unpacked once for them; 6
-                          * rather than 4: 5- and 6-row steps ~8 % faster, 4 rows the same) */
+#define AMX_ROWS 4       /* calls of at least this many rows run on AMX tiles (8-bit kinds) */
+#define AMX_ROWS_NIBBLES 6   /* the same for the 4-bit kinds, whose tiles are unpacked first.
+                          * Measured on a 2-core Xeon, both builds in one process: a tile's
+                          * product is stored and scaled a block at a time, so VNNI wins up to
+                          * 5 rows of Q4_1 (576 x 3072 etc.: 4.9 vs 5.3 ms a model's worth),
+                          * the tiles from 6 (7 rows: 5.6 vs 6.1); Q8_0 (the 49k-row head)
+                          * from 4 rows (2.4 vs 2.7 ms) */
+#define VNNI_ROWS 6      /* activation rows a VNNI pass (the weights unpacked once for them;
+                          * 5 rows in one pass rather than 4 + 1: ~8 % faster steps) */
 
 /* The quantized activations of a call (quantize_panel_row): row r's block b at
- * q + (r * kb + b) * PBLK; dx, xs float [rows, kb]; hc int32 [rows, kb, 2] (-128 sum(h) over
- * each half of the block). */
+ * q + (r * kb + b) * PBLK (h, l: the tiles' layout) and at q16 + (r * kb + b) * 32 (pairs: the
+ * VNNI path's), each NULL where no part of the call takes that path; dx, xs float [rows, kb]. */
 typedef struct {
     const uint8_t *q;
+    const int16_t *q16;
     const float *dx, *xs;
-    const int32_t *hc;
     int64_t kb;
 } pact;
 
@@ -93,17 +97,22 @@ __attribute__((constructor)) static void panel_ask_amx(void)
     panel_amx_ok = panel_amx_permitted();
 }
 
-/* Row x (nb blocks) into kb blocks of PBLK bytes at a, their steps at dx, min terms at xs and
- * h corrections at hc; blocks nb..kb-1 zero. */
-static void quantize_panel_row(const float *x, int64_t nb, int64_t kb, uint8_t *a, float *dx,
-                               float *xs, int32_t *hc)
+/* Row x (nb blocks) into kb blocks: h, l at a (PBLK bytes a block) and the pairs at a16 (32
+ * int16 a block), each unless NULL; their steps at dx, min terms at xs; blocks nb..kb-1 zero. */
+static void quantize_panel_row(const float *x, int64_t nb, int64_t kb, uint8_t *a, int16_t *a16,
+                               float *dx, float *xs)
 {
+    /* int16 i of a block's pairs is q[pair_of[i]]: in each 4, q[0], q[2], q[1], q[3] */
+    const __m512i pair_of = _mm512_set_epi16(31, 29, 30, 28, 27, 25, 26, 24, 23, 21, 22, 20,
+                                             19, 17, 18, 16, 15, 13, 14, 12, 11, 9, 10, 8,
+                                             7, 5, 6, 4, 3, 1, 2, 0);
     for (int64_t b = 0; b < kb; b++) {
-        uint8_t *g = a + b * PBLK;
         if (b >= nb) {
-            memset(g, 0, PBLK);
+            if (a)
+                memset(a + b * PBLK, 0, PBLK);
+            if (a16)
+                memset(a16 + b * 32, 0, 64);
             dx[b] = xs[b] = 0.0f;
-            hc[2 * b] = hc[2 * b + 1] = 0;
             continue;
         }
         __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
@@ -111,15 +120,21 @@ static void quantize_panel_row(const float *x, int64_t nb, int64_t kb, uint8_t *
         float d = amax / 32767.0f, id = amax > 0.0f ? 32767.0f / amax : 0.0f;
         __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
         __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
-        __m512i h0 = _mm512_srai_epi32(q0, 8), h1 = _mm512_srai_epi32(q1, 8);
-        _mm_storeu_si128((__m128i *)g, _mm512_cvtepi32_epi8(h0));
-        _mm_storeu_si128((__m128i *)(g + 16), _mm512_cvtepi32_epi8(h1));
-        _mm_storeu_si128((__m128i *)(g + 32), _mm512_cvtepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(g + 48), _mm512_cvtepi32_epi8(q1));
+        if (a) {
+            uint8_t *g = a + b * PBLK;
+            __m512i h0 = _mm512_srai_epi32(q0, 8), h1 = _mm512_srai_epi32(q1, 8);
+            _mm_storeu_si128((__m128i *)g, _mm512_cvtepi32_epi8(h0));
+            _mm_storeu_si128((__m128i *)(g + 16), _mm512_cvtepi32_epi8(h1));
+            _mm_storeu_si128((__m128i *)(g + 32), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(g + 48), _mm512_cvtepi32_epi8(q1));
+        }
+        if (a16) {                       /* |q| <= 32767: exact in int16 */
+            const __m512i q16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(q0)),
+                                                   _mm512_cvtepi32_epi16(q1), 1);
+            _mm512_storeu_si512(a16 + b * 32, _mm512_permutexvar_epi16(pair_of, q16));
+        }
         dx[b] = d;
         xs[b] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-        hc[2 * b] = -128 * _mm512_reduce_add_epi32(h0);
-        hc[2 * b + 1] = -128 * _mm512_reduce_add_epi32(h1);
     }
 }
 
@@ -131,9 +146,9 @@ static inline int panel_nibbles(int kind)
 }
 
 /* Block b of panel p as 8 words-rows of int8 (a B tile): Q4 unpacked from its nibbles, Q8 read
- * as stored; wq: Q8's words + 128 (the VNNI path's unsigned operand), else unset. */
+ * as stored */
 static inline __attribute__((always_inline)) void
-panel_block(const agl_qweight *w, int64_t p, int64_t b, __m512i wv[8], __m512i wq[8])
+panel_block(const agl_qweight *w, int64_t p, int64_t b, __m512i wv[8])
 {
     if (panel_nibbles(w->kind)) {
         const uint8_t *s = (const uint8_t *)w->qs + (p * w->kb + b) * 256;
@@ -150,11 +165,8 @@ panel_block(const agl_qweight *w, int64_t p, int64_t b, __m512i wv[8], __m512i w
         }
     } else {
         const int8_t *s = (const int8_t *)w->qs + (p * w->kb + b) * 512;
-        const __m512i sign = _mm512_set1_epi8((char)0x80);
-        for (int kk = 0; kk < 8; kk++) {
+        for (int kk = 0; kk < 8; kk++)
             wv[kk] = _mm512_loadu_si512(s + 64 * kk);
-            wq[kk] = _mm512_xor_si512(wv[kk], sign);
-        }
     }
 }
 
@@ -189,20 +201,39 @@ static inline __m512 panel_steps(const agl_qweight *w, int64_t p, int64_t b, __m
     return *step1 = dw;
 }
 
-/* The exact sum over words kk0..kk0+3 (a half block) or 0..7 (n) of one activation row's
- * block a (h then l) against the unpacked words, by VNNI: 16 lanes, one a weight row. Signed
- * weights: (w + 128) . h + hc, hc = -128 sum(h) over those words. */
-static inline __m512i panel_dot(int nibbles, const __m512i wv[8], const __m512i wq[8],
-                                const uint8_t *a, int32_t hc, int kk0, int n)
+/* Block words j0..j0+n-1 (n = 4: a half block, 8: the whole) of the unpacked weights wv as the
+ * int16 pairs vpdpwssd takes (lane c, weight row c): wa[j] = (w[4j], w[4j+2]), wb[j] =
+ * (w[4j+1], w[4j+3]), the quants zero-extended (nibble kinds: 0..31) or sign-extended (Q8,
+ * Q6_K) */
+static inline __attribute__((always_inline)) void
+panel_pairs(int nibbles, const __m512i wv[8], __m512i wa[8], __m512i wb[8])
 {
-    const int32_t *h = (const int32_t *)a, *l = (const int32_t *)(a + 32);
-    __m512i sh = nibbles ? _mm512_setzero_si512() : _mm512_set1_epi32(hc);
-    for (int kk = kk0; kk < kk0 + n; kk++)   /* nibbles: w unsigned 0..15, h signed */
-        sh = _mm512_dpbusd_epi32(sh, nibbles ? wv[kk] : wq[kk], _mm512_set1_epi32(h[kk]));
-    __m512i s = _mm512_slli_epi32(sh, 8);
-    for (int kk = kk0; kk < kk0 + n; kk++)   /* l unsigned, w signed */
-        s = _mm512_dpbusd_epi32(s, _mm512_set1_epi32(l[kk]), wv[kk]);
-    return s;
+    for (int j = 0; j < 8; j++) {
+        if (nibbles) {
+            wa[j] = _mm512_and_si512(wv[j], _mm512_set1_epi16(0x00FF));
+            wb[j] = _mm512_srli_epi16(wv[j], 8);
+        } else {
+            wa[j] = _mm512_srai_epi16(_mm512_slli_epi16(wv[j], 8), 8);
+            wb[j] = _mm512_srai_epi16(wv[j], 8);
+        }
+    }
+}
+
+/* The exact sum w . q over block words j0..j0+n-1 of one activation row's pairs q (32-bit
+ * words, quantize_panel_row's order) against the weight pairs: 16 lanes, one a weight row.
+ * |sum| < 2^31: 32 products of |w| <= 128 and |q| <= 32767. */
+static inline __attribute__((always_inline)) __m512i
+panel_dot(const __m512i wa[8], const __m512i wb[8], const int32_t *q, int j0, int n)
+{
+    __m512i s[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                    _mm512_setzero_si512()};       /* four chains: integer sums, any order */
+    for (int j = j0; j < j0 + n; j += 2) {
+        s[0] = _mm512_dpwssd_epi32(s[0], wa[j], _mm512_set1_epi32(q[2 * j]));
+        s[1] = _mm512_dpwssd_epi32(s[1], wb[j], _mm512_set1_epi32(q[2 * j + 1]));
+        s[2] = _mm512_dpwssd_epi32(s[2], wa[j + 1], _mm512_set1_epi32(q[2 * j + 2]));
+        s[3] = _mm512_dpwssd_epi32(s[3], wb[j + 1], _mm512_set1_epi32(q[2 * j + 3]));
+    }
+    return _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
 }
 
 /* y's columns 16 p .. (at most n) for rows m..m+mr-1: v + bias, or += with accumulate */
@@ -243,24 +274,25 @@ panel_rows_vnni(const agl_qweight *w, const pact *a, int64_t p, int64_t m, int m
     for (int i = 0; i < mr; i++)
         acc[i] = accm[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < kb; b++) {
-        __m512i wv[8], wq[8];
+        __m512i wv[8], wa[8], wb[8];
         __m512 mn, dw1;
         panel_prefetch(w, p * kb + b);
-        panel_block(w, p, b, wv, wq);
-        const __m512 dw = panel_steps(w, p, b, &mn, &dw1);
+        panel_block(w, p, b, wv);
         const int nib = panel_nibbles(w->kind);
+        panel_pairs(nib, wv, wa, wb);
+        const __m512 dw = panel_steps(w, p, b, &mn, &dw1);
         for (int i = 0; i < mr; i++) {
             const int64_t at = (m + i) * kb + b;
-            const uint8_t *x = a->q + at * PBLK;
+            const int32_t *x = (const int32_t *)(a->q16 + at * 32);
             const __m512 dx = _mm512_set1_ps(a->dx[at]);
             if (w->kind == AGL_Q6_K) {   /* each half with its own step */
-                __m512i s0 = panel_dot(0, wv, wq, x, a->hc[2 * at], 0, 4);
-                __m512i s1 = panel_dot(0, wv, wq, x, a->hc[2 * at + 1], 4, 4);
+                __m512i s0 = panel_dot(wa, wb, x, 0, 4);
+                __m512i s1 = panel_dot(wa, wb, x, 4, 4);
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dw, dx), acc[i]);
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(dw1, dx), acc[i]);
                 continue;
             }
-            __m512i s = panel_dot(nib, wv, wq, x, a->hc[2 * at] + a->hc[2 * at + 1], 0, 8);
+            __m512i s = panel_dot(wa, wb, x, 0, 8);
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[i]);
             if (nib)
                 accm[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->xs[at]), accm[i]);
@@ -404,9 +436,9 @@ static const int8_t *panel_unpack(const agl_qweight *w, int64_t p, int8_t *wt, f
     if (!panel_nibbles(w->kind))
         return (const int8_t *)w->qs + p * w->kb * 512;
     for (int64_t b = 0; b < w->kb; b++) {
-        __m512i wv[8], wq[8];
+        __m512i wv[8];
         __m512 mn, dw1;
-        panel_block(w, p, b, wv, wq);
+        panel_block(w, p, b, wv);
         for (int kk = 0; kk < 8; kk++)
             _mm512_storeu_si512(wt + b * 512 + 64 * kk, wv[kk]);
         panel_steps(w, p, b, &mn, &dw1);
@@ -423,6 +455,12 @@ static inline int64_t panel_tile_rows(int64_t M)
     return (M + tiles - 1) / tiles;
 }
 
+/* Whether a call of M rows multiplies w on the tiles (else by VNNI) */
+static inline int panel_uses_amx(const agl_qweight *w, int64_t M)
+{
+    return M >= (panel_nibbles(w->kind) ? AMX_ROWS_NIBBLES : AMX_ROWS) && panel_amx_ok;
+}
+
 /* y (row stride ldy) = the M activation rows of a times w (a Q4 or Q8 panel weight); a's
  * buffer holds rows up to M rounded up to a multiple of panel_tile_rows(M).
  * 0, or -1 without memory for a thread's unpacked panel. */
@@ -430,7 +468,7 @@ static int panel_matmul(const agl_qweight *w, const pact *a, int64_t M, float *y
                         int accumulate, int nthreads)
 {
     const int64_t P = (w->n + PN - 1) / PN;
-    const int amx = M >= AMX_ROWS + panel_nibbles(w->kind) && panel_amx_ok;
+    const int amx = panel_uses_amx(w, M);
     const int rows = (int)panel_tile_rows(M);
     int fail = 0;
     #pragma omp parallel num_threads(nthreads) reduction(|:fail)
@@ -484,9 +522,9 @@ static void panel_dequant_bf16(const agl_qweight *w, int64_t r0, int64_t r1, uin
         const int64_t c0 = r0 > p * PN ? r0 - p * PN : 0;
         const int64_t c1 = r1 < (p + 1) * PN ? r1 - p * PN : PN;
         for (int64_t b = 0; b < nb; b++) {
-            __m512i wv[8], wq[8];
+            __m512i wv[8];
             __m512 mn, dw1;
-            panel_block(w, p, b, wv, wq);
+            panel_block(w, p, b, wv);
             const __m512 dw = panel_steps(w, p, b, &mn, &dw1);
             int32_t words[8][PN];                       /* row c's word kk at [kk][c] */
             float s0[PN], s1[PN], m[PN];

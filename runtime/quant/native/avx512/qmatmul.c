@@ -451,22 +451,27 @@ static int panel_parts(const agl_qweight *w, const float *x, int64_t M, float *y
 {
     const int64_t K = w->k, nb = K / QK, kb = w->kb;
     const int64_t t = panel_tile_rows(M), rows = (M + t - 1) / t * t;    /* the tiles' */
-    uint8_t *q = malloc((size_t)(rows * kb * PBLK));
-    float *dx = malloc(sizeof(float) * (size_t)(M * kb) * 4);     /* dx, xs, hc (2 a block) */
-    if (!q || !dx) { free(q); free(dx); return -1; }
+    int tiles = 0, vnni = 0;             /* the paths the parts take (panel_matmul's rule) */
+    for (const agl_qweight *v = w; v; v = v->next)
+        if (in_panels(v))
+            *(panel_uses_amx(v, M) ? &tiles : &vnni) = 1;
+    uint8_t *q = tiles ? malloc((size_t)(rows * kb * PBLK)) : NULL;
+    int16_t *q16 = vnni ? malloc((size_t)(M * kb * 64)) : NULL;
+    float *dx = malloc(sizeof(float) * (size_t)(M * kb) * 2);     /* dx, xs */
+    if ((tiles && !q) || (vnni && !q16) || !dx) { free(q); free(q16); free(dx); return -1; }
     float *xs = dx + M * kb;
-    int32_t *hc = (int32_t *)(xs + M * kb);
     const int64_t work = M * K;
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1 && work > 65536)
     for (int64_t m = 0; m < M; m++)
-        quantize_panel_row(x + m * K, nb, kb, q + m * kb * PBLK, dx + m * kb, xs + m * kb,
-                           hc + m * kb * 2);
-    const pact act = {q, dx, xs, hc, kb};
+        quantize_panel_row(x + m * K, nb, kb, q ? q + m * kb * PBLK : NULL,
+                           q16 ? q16 + m * kb * 32 : NULL, dx + m * kb, xs + m * kb);
+    const pact act = {q, q16, dx, xs, kb};
     int rc = 0;
     for (int64_t col = 0; w && !rc; col += w->n, w = w->next)
         if (in_panels(w))
             rc = panel_matmul(w, &act, M, y + col, ldy, accumulate, nthreads);
     free(q);
+    free(q16);
     free(dx);
     return rc;
 }
