@@ -14,7 +14,7 @@ Three builds (:data:`ISAS`), the same entry points and the same arithmetic contr
 of the batch and the threads): ``avx512/`` (AVX-512 VNNI: four ``vpdpbusd`` a group of 4
 blocks, K-quants read a group at a time by ``kgroups.h``), ``amx`` (the same sources with
 ``-DAGL_AMX``: Q4 / Q5 / Q8 / Q4_K / Q6_K weights stored in panels of 16 rows,
-``avx512/panel.h``, multiplied by AMX tiles for calls of 6 rows or more (8-bit kinds: 4) and by VNNI
+``avx512/panel.h``, multiplied by AMX tiles for calls of 9 rows or more (8-bit kinds: 4) and by VNNI
 (``vpdpwssd`` on the 16-bit activations) with a weight row a lane below that; Q5_K as ``avx512``) and ``avx2/`` (AVX2 + FMA + F16C: ``vpmaddwd`` on int16, one path
 for few rows and one through packed panels for many), with ``decode_layer.c`` and
 ``vecmath.h`` shared. Their results differ only in the order of float32 sums (the AVX-512

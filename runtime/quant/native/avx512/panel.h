@@ -57,14 +57,15 @@
 #define PBLK 64          /* activation bytes a block: h[32], l[32] */
 #define PROWS 16         /* activation rows an AMX tile */
 #define AMX_ROWS 4       /* calls of at least this many rows run on AMX tiles (8-bit kinds) */
-#define AMX_ROWS_NIBBLES 6   /* the same for the 4-bit kinds, whose tiles are unpacked first.
-                          * Measured on a 2-core Xeon, both builds in one process: a tile's
-                          * product is stored and scaled a block at a time, so VNNI wins up to
-                          * 5 rows of Q4_1 (576 x 3072 etc.: 4.9 vs 5.3 ms a model's worth),
-                          * the tiles from 6 (7 rows: 5.6 vs 6.1); Q8_0 (the 49k-row head)
-                          * from 4 rows (2.4 vs 2.7 ms) */
+#define AMX_ROWS_NIBBLES 9   /* the same for the 4-bit kinds, whose tiles are unpacked first.
+                          * Measured on a 2-core Xeon, both builds in one process, 30 layers'
+                          * weights streamed from memory: the tiles' products are stored and
+                          * scaled a block at a time, so below 9 rows of Q4_1 VNNI is faster
+                          * (6 rows: 7.8 vs 8.9 ms a model's worth, 8: 9.7 vs 10.2), from 9 the
+                          * tiles (13: 11.9 vs 13.1); Q8_0 (the 49k-row head) from 4 rows
+                          * (2.8 vs 3.0 ms) */
 #define VNNI_ROWS 6      /* activation rows a VNNI pass (the weights unpacked once for them;
-                          * 5 rows in one pass rather than 4 + 1: ~8 % faster steps) */
+                          * 5 or 6 rows in one pass rather than 4 + 1 or 4 + 2: faster steps) */
 
 /* The quantized activations of a call (quantize_panel_row): row r's block b at
  * q + (r * kb + b) * PBLK (h, l: the tiles' layout) and at q16 + (r * kb + b) * 32 (pairs: the
@@ -388,8 +389,12 @@ static void panel_rows_amx(const agl_qweight *w, const pact *a, int64_t p, int64
     __m512 acc[PROWS], mn, dw1;
     for (int i = 0; i < mr; i++)
         acc[i] = _mm512_setzero_ps();
+    const int stream = !panel_nibbles(w->kind) && m0 == 0;   /* tiles read from the weight:
+                                                              * fetched ahead, the first pass */
     if (w->kind == AGL_Q6_K) {          /* each half its own products (K = 16) and step */
         for (int64_t b = 0; b < kb; b++) {
+            if (stream)
+                panel_prefetch(w, p * kb + b);
             PANEL_ISSUE(0, 1, x, stride, wt, b, 0, 0);
             PANEL_ISSUE(5, 6, x, stride, wt, b, 16, 256);
             _tile_stored(0, sh, 64);
@@ -405,6 +410,10 @@ static void panel_rows_amx(const agl_qweight *w, const pact *a, int64_t p, int64
     } else {                            /* block b + 1's products run while b's are scaled */
         PANEL_ISSUE(0, 1, x, stride, wt, 0, 0, 0);
         for (int64_t b = 0; b < kb; b += 2) {
+            if (stream) {
+                panel_prefetch(w, p * kb + b);
+                panel_prefetch(w, p * kb + b + 1);
+            }
             if (b + 1 < kb)
                 PANEL_ISSUE(5, 6, x, stride, wt, b + 1, 0, 0);
             _tile_stored(0, sh, 64);
@@ -438,6 +447,7 @@ static const int8_t *panel_unpack(const agl_qweight *w, int64_t p, int8_t *wt, f
     for (int64_t b = 0; b < w->kb; b++) {
         __m512i wv[8];
         __m512 mn, dw1;
+        panel_prefetch(w, p * w->kb + b);
         panel_block(w, p, b, wv);
         for (int kk = 0; kk < 8; kk++)
             _mm512_storeu_si512(wt + b * 512 + 64 * kk, wv[kk]);
