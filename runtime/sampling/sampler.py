@@ -88,6 +88,13 @@ def model_logprobs(logits: torch.Tensor, specs: Sequence[RowSpec]) -> torch.Tens
     return None
 
 
+def changes_logits(spec: RowSpec) -> bool:
+    """Whether :func:`prepare_logits` would change this row (a penalty or a banned token)."""
+    p = spec.params
+    return bool(p.repetition_penalty != 1.0 or spec.banned_ids
+                or ((p.frequency_penalty or p.presence_penalty) and spec.output_ids))
+
+
 def prepare_logits(logits: torch.Tensor, specs: Sequence[RowSpec]) -> None:
     """Penalties and banned tokens, in place on ``logits [N, V]``."""
     for i, s in enumerate(specs):

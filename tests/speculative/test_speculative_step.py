@@ -134,6 +134,26 @@ def test_logprobs_and_seeded_sampling_and_n_are_unchanged():
             assert torch.isclose(torch.tensor(x.logprob), torch.tensor(y.logprob))
 
 
+def test_greedy_draft_rows_at_once_keep_penalties_bans_and_logprobs():
+    """A greedy unconstrained request's draft rows are sampled together; each row still gets
+    its own draft prefix's penalties, min_tokens' ban and logprobs: as off. The model says 11
+    after 10, banned while the output is under 16 tokens: that row, inside a long draft by
+    then, picks another token (rows sampled without their ban would keep the draft's 11)."""
+    params = dict(max_tokens=20, ignore_eos=True, logprobs=2, repetition_penalty=1.3,
+                  frequency_penalty=2.0, min_tokens=16, stop_token_ids=[11])  # greedy (harness)
+    outs = []
+    for spec in (False, True):
+        h, (g,) = run([list(COPY)], spec, **params)
+        outs.append(g.output())
+    off, on = outs
+    assert on.meta["spec_draft_tokens"] > 0 and on.meta["spec_accepted_tokens"] > 0
+    a, b = off.outputs[0], on.outputs[0]
+    assert a.token_ids == b.token_ids
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        assert x.token_id == y.token_id and x.top == y.top
+        assert torch.isclose(torch.tensor(x.logprob), torch.tensor(y.logprob))
+
+
 def test_preemption_with_drafts_keeps_outputs():
     prompts = [[i * 10 + j for j in range(1, 9)] + [i * 10 + 1, i * 10 + 2] for i in range(4)]
     small = StepHarness(page_size=4, num_pages=14, speculative=True)
