@@ -26,19 +26,21 @@ the step's logits, and returns per completion the tokens to append (:class:`Samp
 A constrained row whose mask leaves no token at all is not sampled: its result carries a typed
 error instead (the request fails, the batch goes on). On return each matcher holds exactly the
 returned tokens. The completion itself (output ids,
-KV, finishing, streaming) is not touched: that is the caller's. :func:`verify_draft` is step 3
-on its own, for callers that run the model themselves (tests against HF transformers).
+KV, finishing, streaming) is not touched: that is the caller's. Step 3's rule is
+:mod:`agentlang.runtime.engine.draft_verify`'s (its ``verify_draft``: the rule alone, for
+callers that run the model themselves).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from agentlang.runtime.core.errors import EngineError, ErrorCode
 from agentlang.runtime.grammar import mask as grammar_mask
+from agentlang.runtime.engine.draft_verify import verify_rows
 from agentlang.runtime.grammar.jump_forward import draft_tokens
 from agentlang.runtime.sampling.sampler import (RowSpec, TokenLogprob, changes_logits,
                                                  choose_tokens, model_logprobs, prepare_logits,
@@ -148,7 +150,7 @@ class ConstrainedStep:
             return tok
 
         settle = None if req.matcher is None else (lambda i, tok: self._settle(req, tok, i))
-        out = _verify(req.matcher, req.draft, pick, settle)
+        out = verify_rows(req.matcher, req.draft, pick, settle)
         if out is None:
             return None
         for i, tok in enumerate(out):            # the budget guard replaced a sampled token
@@ -276,59 +278,3 @@ def _no_token(req: Request) -> Sampled:
     return Sampled([], [], [], "", EngineError(
         ErrorCode.INVALID_CONSTRAINT, req.params.constraint_field(),
         "no token can continue the output here: the constraint admits no further text"))
-
-
-def verify_draft(
-    matcher: GrammarMatcher,
-    draft: Sequence[int],
-    logits: torch.Tensor,
-    sample: Callable[[int, torch.Tensor], int],
-    settle: Callable[[int, int], int] | None = None,
-) -> list[int]:
-    """Exact jump-forward: keep the draft tokens the model itself would have produced.
-
-    The caller ran one extend step over ``[last sampled token] + draft``; ``logits
-    [len(draft) + 1, V]`` are its logits at those positions (row i predicts the token after
-    ``draft[:i]``). Row by row: mask with the matcher's current state (in place), call
-    ``sample(i, row [1, V]) -> token`` (greedy, temperature, seeded RNG, ...), accept the token,
-    let ``settle(i, token) -> token`` replace it (a budget guard; the matcher then holds the
-    replacement); continue while it equals ``draft[i]``. Returns the accepted tokens: a prefix
-    of ``draft`` plus the first token that differs (or the token after a fully matched draft);
-    stops early when the matcher terminates. KV entries of draft tokens past
-    ``len(result) - 1`` are stale; the last returned token has no KV yet. ``ValueError`` for
-    logits of the wrong shape or a sampled token the mask forbids.
-    """
-    if logits.dim() != 2 or logits.shape[0] != len(draft) + 1:
-        raise ValueError(f"logits must be [{len(draft) + 1}, V], got {tuple(logits.shape)}")
-
-    def pick(i: int) -> int:
-        row = logits[i : i + 1]                          # [1, V]
-        grammar_mask.apply_grammar_masks(row, [matcher])
-        return int(sample(i, row))
-
-    out = _verify(matcher, draft, pick, settle)
-    assert out is not None              # pick always returns a token
-    return out
-
-
-def _verify(matcher: GrammarMatcher | None, draft: Sequence[int],
-            pick: Callable[[int], int | None],
-            settle: Callable[[int, int], int] | None) -> list[int] | None:
-    """Accept ``pick(i)`` (a token sampled from row i, under the matcher's mask if there is a
-    matcher) for i = 0, 1, ... while the settled token matches ``draft[i]``; see
-    :func:`verify_draft`. ``None`` when ``pick`` finds no allowed token (the matcher keeps the
-    tokens accepted before)."""
-    out: list[int] = []
-    for i in range(len(draft) + 1):
-        token = pick(i)
-        if token is None:
-            return None
-        if matcher is not None and not matcher.accept_token(token):
-            raise ValueError(f"sample returned token {token}, which the grammar mask forbids")
-        if settle is not None:
-            token = settle(i, token)
-        out.append(token)
-        if i == len(draft) or token != draft[i] or (matcher is not None
-                                                    and matcher.is_terminated()):
-            break
-    return out

@@ -87,7 +87,7 @@ def _decode(tokenizer, ids: list[int]) -> str:
 def draft_tokens(matcher: GrammarMatcher, tokenizer, max_tokens: int = 32) -> list[int]:
     """The grammar's forced text as a token draft (``[]`` when nothing is forced), at most
     ``max_tokens`` long, for exact jump-forward (verified by
-    :func:`agentlang.runtime.engine.constrained_step.verify_draft`). The matcher is not changed."""
+    :func:`agentlang.runtime.engine.draft_verify.verify_draft`). The matcher is not changed."""
     text = matcher.jump_forward_text()
     if not text:
         return []

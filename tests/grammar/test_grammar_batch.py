@@ -17,7 +17,7 @@ from agentlang.runtime.grammar import (
     make_grammar_backend,
 )
 from agentlang.runtime.grammar.base import CompiledGrammar, GrammarBackend
-from agentlang.runtime.engine.constrained_step import verify_draft
+from agentlang.runtime.engine.draft_verify import verify_draft
 from agentlang.runtime.grammar.jump_forward import draft_tokens
 
 V = 49152
