@@ -18,7 +18,8 @@ import torch
 from tests.support.step_harness import EOS, VOCAB, StepHarness
 
 from data.schemas import SCHEMAS
-from agentlang.runtime.engine.constrained_step import ConstrainedStep, StepJob, verify_draft
+from agentlang.runtime.engine.constrained_step import ConstrainedStep, StepJob
+from agentlang.runtime.engine.draft_verify import verify_draft
 from agentlang.runtime.request.detokenizer import OutputText
 from agentlang.runtime.core.errors import ErrorCode
 from agentlang.runtime.grammar import constraint_from_params, make_grammar_backend

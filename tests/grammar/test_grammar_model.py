@@ -17,7 +17,7 @@ import torch
 
 import data.schemas as S
 from agentlang.runtime.grammar import apply_grammar_masks, constraint_from_params, make_grammar_backend
-from agentlang.runtime.engine.constrained_step import verify_draft
+from agentlang.runtime.engine.draft_verify import verify_draft
 from agentlang.runtime.grammar.jump_forward import draft_tokens
 
 pytestmark = pytest.mark.slow
