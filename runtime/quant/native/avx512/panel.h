@@ -35,9 +35,9 @@
  *
  * Arithmetic, the same in both paths: block b's integer sum s = w . q (the tiles: 256 (w . h)
  * + w . l) is exact (int32); then, in block order, acc = fma(float(s), dw * dx, acc) (Q6_K:
- * each half's sum with its step, first half first) and, the 4-bit kinds, accm = fma(mn, xs, accm) (mn = m,
- * -8 dw for Q4_0, -dmin mn for Q4_K); the output is acc + accm (+ bias). The lanes
- * of acc are the panel's 16 rows: each output's float operations are its own, whatever the
+ * each half's sum with its step, first half first) and, the 4-bit kinds, accm = fma(mn, xs,
+ * accm) (mn = m, -8 dw for Q4_0, -dmin mn for Q4_K); the output is acc + accm (+ bias). The
+ * lanes of acc are the panel's 16 rows: each output's float operations are its own, whatever the
  * number of rows, the path or the threads (OpenMP splits the panels).
  */
 #ifndef AGL_PANEL_H
