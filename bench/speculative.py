@@ -59,27 +59,14 @@ BATCHES = (1, 8)
 def row_costs(context: int = 512, rows=(1, 2, 3, 5, 9, 17), reps: int = 15) -> dict:
     """Native step time of one sequence appending ``k`` tokens after ``context`` cached ones,
     min of ``reps``; ``c(k) = (t(k) / t(1) - 1) / (k - 1)``."""
-    import torch
-
     from agentlang.runtime import Engine
-    from agentlang.runtime.attention.forward_batch import build_forward_batch
+    from agentlang.runtime.speculative.calibrate import step_seconds
     from agentlang.runtime.weights.model_loader import resolve_model
 
     eng = Engine(resolve_model("default", "auto").path, weights="auto", kv_budget_mb=64)
-    ps = eng.pool.page_size
-    pages = eng.allocator.allocate(-(-(context + max(rows)) // ps))
-    times = {}
-    with torch.inference_mode():
-        for k in rows:
-            batch = lambda: build_forward_batch([[1] * k], [context], [pages], ps,   # noqa: E731
-                                                logits_rows=[list(range(k))])
-            best = float("inf")
-            for _ in range(reps):
-                b = batch()
-                t0 = time.perf_counter()
-                eng.model(b, eng.pool, eng.backend)
-                best = min(best, time.perf_counter() - t0)
-            times[k] = best
+    pages = eng.allocator.allocate(-(-(context + max(rows)) // eng.pool.page_size))
+    times = {k: step_seconds(eng.model, eng.pool, eng.backend, pages, context, k, reps)
+             for k in rows}
     native = eng.model.native_decoder is not None
     eng.allocator.decref(pages)
     t1 = times[1]

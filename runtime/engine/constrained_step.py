@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from agentlang.runtime.core.errors import EngineError, ErrorCode
-from agentlang.runtime.grammar import mask as grammar_mask
 from agentlang.runtime.engine.draft_verify import verify_rows
+from agentlang.runtime.grammar import mask as grammar_mask
 from agentlang.runtime.grammar.jump_forward import draft_tokens
 from agentlang.runtime.sampling.sampler import (RowSpec, TokenLogprob, changes_logits,
                                                  choose_tokens, model_logprobs, prepare_logits,
-                                                 row_logprobs, top_logprobs)
+                                                 row_logprobs, sample, top_logprobs)
 from agentlang.runtime.speculative import ContextLookup, DraftPolicy, SharedLookup
 from agentlang.runtime.speculative.policy import MAX_DRAFT   # most draft tokens a step verifies
 
@@ -168,12 +168,9 @@ class ConstrainedStep:
         k = len(req.draft)
         specs = [self._spec(req, req.draft[:i]) for i in range(1, k + 1)]
         x = logits[job.first_row + 1:job.first_row + 1 + k]                 # [k, V], a view
-        raw_lp = model_logprobs(x, specs)
         if any(changes_logits(s) for s in specs):
             x = x.clone()                        # the raw rows stay for the budget guard
-            prepare_logits(x, specs)
-        tokens = choose_tokens(x, specs)
-        return list(zip(tokens, row_logprobs(raw_lp, tokens, specs)))
+        return list(zip(*sample(x, specs)))
 
     def _sample_row(self, req: Request, row: torch.Tensor, ahead: Sequence[int]
                     ) -> tuple[int | None, TokenLogprob | None]:

@@ -52,8 +52,8 @@ def verify_draft(
 
 
 def verify_rows(matcher: GrammarMatcher | None, draft: Sequence[int],
-            pick: Callable[[int], int | None],
-            settle: Callable[[int, int], int] | None) -> list[int] | None:
+                pick: Callable[[int], int | None],
+                settle: Callable[[int, int], int] | None) -> list[int] | None:
     """Accept ``pick(i)`` (a token sampled from row i, under the matcher's mask if there is a
     matcher) for i = 0, 1, ... while the settled token matches ``draft[i]``; see
     :func:`verify_draft`. ``None`` when ``pick`` finds no allowed token (the matcher keeps the

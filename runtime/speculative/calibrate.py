@@ -41,8 +41,8 @@ def measure_row_cost(model: torch.nn.Module, pool: KVPool, allocator: PageAlloca
         return None
     pages = allocator.allocate(need)
     try:
-        t1 = _shortest(model, pool, backend, pages, context, 1)
-        tr = _shortest(model, pool, backend, pages, context, ROWS)
+        t1 = step_seconds(model, pool, backend, pages, context, 1)
+        tr = step_seconds(model, pool, backend, pages, context, ROWS)
     finally:
         allocator.decref(pages)
     c = min(1.0, max(MIN_COST, (tr / t1 - 1) / (ROWS - 1)))
@@ -51,13 +51,14 @@ def measure_row_cost(model: torch.nn.Module, pool: KVPool, allocator: PageAlloca
     return c
 
 
-def _shortest(model, pool: KVPool, backend, pages: list[int], context: int, rows: int) -> float:
-    """Seconds of the shortest of REPS steps appending ``rows`` tokens after ``context`` (one
-    more run before them warms up, uncounted)."""
+def step_seconds(model, pool: KVPool, backend, pages: list[int], context: int, rows: int,
+                 reps: int = REPS) -> float:
+    """Seconds of the shortest of ``reps`` steps of one sequence appending ``rows`` tokens
+    after ``context`` cached ones on ``pages`` (one more run before them warms up, uncounted)."""
     cuda = pool.device.type == "cuda"
     times = []
     with torch.inference_mode():
-        for _ in range(REPS + 1):
+        for _ in range(reps + 1):
             batch = build_forward_batch([[0] * rows], [context], [pages], pool.page_size,
                                         logits_rows=[list(range(rows))], device=pool.device)
             if cuda:

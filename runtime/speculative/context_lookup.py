@@ -21,6 +21,7 @@ length. Deterministic: the draft depends only on the tokens.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 
 MIN_N = 2     # shortest suffix that may start a copy (a single token matches too often)
@@ -39,7 +40,7 @@ class ContextLookup:
         self.tokens: list[int] = []
         self.after: dict[tuple[int, ...], int] = {}   # shorter n-gram -> index after its latest
                                                       # sealed copy
-        self.recent: dict[tuple[int, ...], list[int]] = {}   # max_n-gram -> indices after its
+        self.recent: dict[tuple[int, ...], deque[int]] = {}  # max_n-gram -> indices after its
                                                              # last KEEP sealed copies, oldest first
         self.extend(tokens)
 
@@ -55,10 +56,10 @@ class ContextLookup:
             for n in range(self.min_n, min(top - 1, j) + 1):
                 after[tuple(seq[j - n:j])] = j
             if j >= top:
-                where = recent.setdefault(tuple(seq[j - top:j]), [])
-                where.append(j)
-                if len(where) > KEEP:
-                    del where[0]
+                key = tuple(seq[j - top:j])
+                if key not in recent:
+                    recent[key] = deque(maxlen=KEEP)
+                recent[key].append(j)
             seq.append(t)
 
     def draft(self, k: int) -> tuple[list[int], int]:
@@ -77,7 +78,7 @@ class ContextLookup:
                 return self._copy(pos, k), n
         return [], 0
 
-    def _closest(self, where: list[int]) -> tuple[int, int]:
+    def _closest(self, where: deque[int]) -> tuple[int, int]:
         """Of the indices after copies of the final ``max_n``-gram, the one whose copy agrees
         with the sequence's end the longest (at most LOOKBACK tokens; the latest among
         equals), and that length."""
