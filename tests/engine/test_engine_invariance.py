@@ -52,3 +52,17 @@ def test_preemption_keeps_outputs(model_path, oracle, prompt_ids, reference):
     eng.flush_cache()
     assert eng.allocator.num_free == eng.allocator.num_pages
     eng.cache.check_integrity()
+
+
+def test_chunked_prefill_on_the_gguf_blocks(prompt_ids):
+    """The embedded GGUF on the native kernels: a prompt cut into chunks decodes as one prefill
+    does. A chunk step has no logits rows, so the head multiplies 0 rows (on the AMX build that
+    once divided by zero and killed the process)."""
+    from agentlang.runtime.weights.model_loader import resolve_model
+
+    path = resolve_model("default", "auto").path
+    prompts = [p for p in prompt_ids if len(p) > 8] + [list(range(100, 300))]
+    whole = Engine(path, weights="auto", kv_budget_mb=64).generate(prompts, greedy())
+    eng = Engine(path, weights="auto", kv_budget_mb=64, max_batch_tokens=8)
+    cut = [eng.generate(p, greedy()) for p in prompts]      # alone: chunks without logits
+    assert [o.token_ids for o in cut] == [o.token_ids for o in whole]

@@ -238,3 +238,30 @@ def test_a_build_that_cannot_run_gives_way_to_the_next(cpu, monkeypatch, caplog)
     with caplog.at_level("INFO", logger=native.__name__):
         assert native.qmatmul_library.__wrapped__() is None
     assert "unavailable (build failed: no compiler for this)" in caplog.text
+
+
+def test_zero_rows_give_an_empty_product_in_every_build():
+    """A step whose sequences are all mid-prefill has no logits rows: the head multiplies 0
+    rows. Every build and kind returns ``[0, N]`` (the AMX build's tile split divided by the
+    row count: SIGFPE, the server gone)."""
+    gguf = pytest.importorskip("gguf")
+    from agentlang.runtime.quant.kblock_linear import KBlockLinear
+    from agentlang.runtime.quant.kquant import split_kblocks
+    from agentlang.runtime.weights.gguf_weights import block_linear
+    from tests.support.gguf_files import random_blocks
+
+    runnable = native.runnable_isas()
+    if not runnable:
+        pytest.skip("no native build runs on this CPU")
+    torch.manual_seed(4)
+    for isa in runnable:
+        lib = native.build_library(isa)
+        for qtype in ("Q4_0", "Q4_1", "Q8_0"):
+            raw = gguf.quants.quantize(torch.randn(40, 512).numpy(),
+                                       gguf.GGMLQuantizationType[qtype])
+            lin = block_linear(lib, [(raw, qtype)], torch.randn(40))
+            assert lin(torch.empty(0, 512)).shape == (0, 40), (isa.name, qtype)
+            assert lin(torch.randn(3, 512)).shape == (3, 40)
+        for qtype in (("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1") if isa.kquants else ()):
+            lin = KBlockLinear(lib, split_kblocks(random_blocks(qtype, 40, 512, 1), qtype))
+            assert lin(torch.empty(0, 512)).shape == (0, 40), (isa.name, qtype)

@@ -490,6 +490,8 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
         rows_layout |= !in_panels(p);
         panels |= in_panels(p);
     }
+    if (M <= 0)                          /* no rows (a step without logits rows): */
+        return 0;                        /* nothing to do (the tile split divides by M) */
 #ifdef AGL_AMX
     if (panels && panel_parts(w, x, M, y, ldy, accumulate, nthreads))
         return -1;
