@@ -129,3 +129,37 @@ def test_native_decode_layer_reads_and_writes_the_window_pages(tmp_path_factory,
         drained(eng)
     assert runs["scarce"] == runs["one a page"]
     assert runs["scarce"][0] == runs["scarce"][1]          # warm equals cold
+
+
+def test_native_decode_alone_past_512_keys_matches_batched(tmp_path_factory, tmp_path):
+    """Past 512 keys a sequence decoding alone attends in phases (the C layer's few-task cut,
+    sliding layers' windows included); batched with three others it does not. The same greedy
+    tokens either way, at one thread or two."""
+    import torch
+
+    from agentlang.runtime.quant.native import qmatmul_library
+    from tests.support.gguf_convert import hf_to_gguf
+    from tests.support.gguf_files import gguf_tokenizer_fields
+
+    if qmatmul_library() is None:
+        pytest.skip("no native library on this machine")
+    fields = gguf_tokenizer_fields()
+    d = family_dirs(tmp_path_factory, {"gemma3": FAMILIES["gemma3"]}, "long_", seed=5,
+                    query_pre_attn_scalar=16, max_position_embeddings=1024,
+                    vocab_size=len(fields["tokenizer.ggml.tokens"]))
+    path = str(hf_to_gguf(d["gemma3"], tmp_path / "q8.gguf", fields, "Q8_0"))
+    seqs = [[(5 * i + j) % 200 + 3 for j in range(520 + 9 * i)] for i in range(4)]
+    eng = Engine(path, weights="auto", page_size=4, num_pages=700, max_batch_tokens=256)
+    assert eng.model.native_decoder is not None
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            batched = [o.token_ids for o in eng.generate(seqs, PARAMS)]
+            eng.flush_cache()
+            alone = [eng.generate(s, PARAMS).token_ids for s in seqs]
+            eng.flush_cache()
+            assert alone == batched, n
+    finally:
+        torch.set_num_threads(threads)
+    drained(eng)

@@ -26,13 +26,13 @@ def lib():
     return qmatmul_library()
 
 
-def setup(model, prompts, pool_dtype=torch.float32, room=4):
-    """Prefill ``prompts`` (torch layers) into a pool with shuffled pages, each with ``room``
-    more positions; returns the pool and the page tables."""
+def setup(model, prompts, pool_dtype=torch.float32, room=4, pages=64):
+    """Prefill ``prompts`` (torch layers) into a pool of ``pages`` pages, shuffled, each with
+    ``room`` more positions; returns the pool and the page tables."""
     cfg = model.config
     pool = KVPool(KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool_dtype), PS,
-                  num_pages=64)
-    ids = list(range(1, 64))
+                  num_pages=pages)
+    ids = list(range(1, pages))
     random.Random(0).shuffle(ids)
     tables, at = [], 0
     for p in prompts:
@@ -120,6 +120,50 @@ def test_rows_of_a_sequence_match_one_token_steps_bitwise(tmp_path, tokenizer_fi
                 for i in range(len(toks)):
                     assert torch.equal(together[at], rows[b, i]), (n, b, i)
                     at += 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_long_contexts_match_across_the_attention_task_cuts_bitwise(tmp_path, tokenizer_fields,
+                                                                     lib):
+    """Past 512 keys, a step of few tasks (a sequence alone, or its verify rows) attends in
+    phases: scores by chunks of keys, values by chunks of lanes, spread over the threads. Its
+    logits are bit for bit those of the whole-task cut (one thread, or a batch of many
+    sequences) and of one-token steps; and near the torch layers'."""
+    path = write_gguf(tmp_path / "m.gguf", tokenizer_fields, "Q4_1", dims=(128, 128, 4, 2, 32),
+                      context=1024)
+    model = load_gguf_model(path, "auto", torch.float32)
+    vocab = model.config.vocab_size
+    prompts = [[(7 * i + 3) % vocab for i in range(n)] for n in (700, 530, 600, 520)]
+    lens = [len(p) for p in prompts]
+    new = [list(range(11, 16)), list(range(21, 30))]     # 5 rows: one task a head; 9: two
+    threads = torch.get_num_threads()
+    try:
+        out = {}
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            pool, tables = setup(model, prompts, room=9, pages=800)
+            alone = [decode(model, pool, tables[b:b + 1], prompts[b:b + 1], [40 + b], True)[0]
+                     for b in range(4)]
+            batched = decode(model, pool, tables, prompts, [40, 41, 42, 43], True)
+            for b in range(4):
+                assert torch.equal(alone[b], batched[b]), (n, b)
+            out[n, "alone"] = alone
+            for b, toks in enumerate(new):
+                pool, tables = setup(model, prompts, room=9, pages=800)
+                rows = model(build_forward_batch([toks], [lens[b]], tables[b:b + 1], PS,
+                                                 logits_rows=[list(range(len(toks)))]),
+                             pool, TorchAttentionBackend())
+                pool, tables = setup(model, prompts, room=9, pages=800)
+                for i, t in enumerate(toks):
+                    one = model(build_forward_batch([[t]], [lens[b] + i], tables[b:b + 1], PS),
+                                pool, TorchAttentionBackend())
+                    assert torch.equal(rows[i], one[0]), (n, b, i)
+        for b in range(4):
+            assert torch.equal(out[1, "alone"][b], out[2, "alone"][b]), b
+        pool, tables = setup(model, prompts, room=9, pages=800)
+        slow = decode(model, pool, tables[:1], prompts[:1], [40], native=False)[0]
+        assert ((out[2, "alone"][0] - slow).norm() / slow.norm()).item() < 1e-4
     finally:
         torch.set_num_threads(threads)
 

@@ -65,9 +65,10 @@ def add_tokenizer(w, fields: dict) -> None:
 
 
 def write_gguf(path, fields, qtype="Q4_1", arch="llama", embed_type=None, tied=True, seed=0,
-               shapes=None, dims=SMALL, types=None):
+               shapes=None, dims=SMALL, types=None, context=256):
     """A random ``arch`` model with every matrix in ``qtype`` (K-quants: random raw blocks),
-    but those named in ``types`` ({"attn_v": "Q6_K", ...}: a Q4_K_M-like mix)."""
+    but those named in ``types`` ({"attn_v": "Q6_K", ...}: a Q4_K_M-like mix), of ``context``
+    positions."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -76,7 +77,7 @@ def write_gguf(path, fields, qtype="Q4_1", arch="llama", embed_type=None, tied=T
     vocab = len(fields["tokenizer.ggml.tokens"])
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(L)
-    w.add_context_length(256)
+    w.add_context_length(context)
     w.add_embedding_length(H)
     w.add_feed_forward_length(I)
     w.add_head_count(NH)

@@ -27,6 +27,7 @@
 
 #define ATT_QC 16        /* queries a task at most */
 #define ATT_QG (VL == 16 ? 4 : 2)   /* queries whose outputs a V pass keeps in registers */
+#define ATT_PHASED_KEYS 512    /* keys from which a step of few tasks attends in phases */
 
 /* at[t - lo] = where position t's row starts in this layer's cache (K or V), in floats, for
  * positions lo..n-1 of a sequence's pages (walked page by page: no division a position; a
@@ -37,6 +38,15 @@ static void row_offsets(const int32_t *pages, int64_t page_size, int64_t lo, int
     for (int64_t t = lo, pg = lo / page_size, o = lo % page_size; t < n; pg++, o = 0)
         for (; o < page_size && t < n; o++, t++)
             at[t - lo] = ((int64_t)pages[pg] * page_size + o) * row;
+}
+
+#define ATT_PF 16        /* keys ahead whose K or V rows a loop fetches into L2 */
+
+/* Fetch `lines` cache lines from p into L2 (no arithmetic: results unchanged) */
+static inline __attribute__((always_inline)) void att_prefetch(const float *p, int lines)
+{
+    for (int l = 0; l < lines; l++)
+        __builtin_prefetch((const char *)p + 64 * l, 0, 2);
 }
 
 /* One query of a task: its vector, its output, its keys lo..n-1 and its scores (s[t - lo];
@@ -67,6 +77,9 @@ static void scores_shared(const aquery *a, int m, const float *kc, const int64_t
         const float *k[VL];
         for (int j = 0; j < VL; j++)
             k[j] = kc + at[t + j - base];
+        if (t + ATT_PF + VL <= c1)
+            for (int j = 0; j < VL; j++)
+                att_prefetch(kc + at[t + ATT_PF + j - base], (int)(hd / 16));
         for (int i = 0; i < m; i++) {
             vf p[VL];
             for (int j = 0; j < VL; j++)
@@ -113,6 +126,8 @@ values_group(const aquery *a, const int m, const float *vc, const int64_t *at, i
         for (int e = 0; e < nv; e++)
             acc[i][e] = vf_load(a[i].out + c + e * VL);
     for (int64_t t = t0; t < t1; t++) {
+        if (t + ATT_PF < t1)
+            att_prefetch(vc + at[t + ATT_PF - base] + c, nv * VL / 16);
         const float *v = vc + at[t - base] + c;
         vf vv[4];
         for (int e = 0; e < nv; e++)
@@ -264,16 +279,43 @@ typedef struct {
     int64_t r0, kvh, j0, j1;
 } atask;
 
+/* a[0 .. j1 - j0) = task tk's queries (query j: row r0 + j / G, head kvh G + j % G) */
+static void task_queries(const agl_dims *dm, const agl_layer *L, const agl_batch *bt,
+                         const float *qkv, int64_t wq, float *att, const atask *tk, aquery *a)
+{
+    const int64_t G = dm->nh / dm->nkv, hd = dm->hd, nq = dm->nh * hd;
+    for (int64_t i = 0; i < tk->j1 - tk->j0; i++) {
+        const int64_t b = tk->r0 + (tk->j0 + i) / G, h = tk->kvh * G + (tk->j0 + i) % G,
+                      n = bt->seq_lens[b];
+        a[i] = (aquery){qkv + b * wq + h * hd, att + b * nq + h * hd,
+                        L->window && n > L->window ? n - L->window : 0, n, NULL};
+    }
+}
+
+#include "attention_phases.h"     /* needs the task structs above */
+
 /* att [B, nh * hd] = the attention of every row's query heads (qkv: [B, wq], the heads
  * first). 0, or -1 without memory. */
 static int decode_attention(const agl_dims *dm, const agl_layer *L, const agl_batch *bt,
                             const float *qkv, int64_t wq, float *att, int nthreads)
 {
-    const int64_t B = bt->B, hd = dm->hd, G = dm->nh / dm->nkv, nq = dm->nh * hd;
+    const int64_t B = bt->B, hd = dm->hd, G = dm->nh / dm->nkv;
     const int32_t *table = L->window && bt->wpage_table ? bt->wpage_table : bt->page_table;
     int64_t qc = B * dm->nh / (2 * (int64_t)nthreads);    /* ~2 tasks a thread (measured:
                                                              * 4 or 8 a thread were slower) */
     qc = qc < 1 ? 1 : qc > ATT_QC ? ATT_QC : qc;
+    /* phased: fewer than 4 tasks a thread with a run's queries of a KV head in one task
+     * (more rows than ATT_QC / G: tasks of their own, measured no slower) */
+    int64_t few = 0, one = 1, keys = 0;
+    for (int64_t r0 = 0, r1; r0 < B; r0 = r1) {
+        for (r1 = r0 + 1; r1 < B && same_run(bt, table, r1); r1++)
+            ;
+        few += dm->nkv;
+        one &= (r1 - r0) * G <= ATT_QC;
+        keys = keys > bt->seq_lens[r1 - 1] ? keys : bt->seq_lens[r1 - 1];
+    }
+    const int phased = nthreads > 1 && hd % VL == 0 && one && few < 4 * nthreads &&
+                       keys >= ATT_PHASED_KEYS;
     atask *tasks = malloc(sizeof(atask) * (size_t)(B * dm->nh));
     if (!tasks)
         return -1;
@@ -281,22 +323,24 @@ static int decode_attention(const agl_dims *dm, const agl_layer *L, const agl_ba
     for (int64_t r0 = 0, r1; r0 < B; r0 = r1) {
         for (r1 = r0 + 1; r1 < B && same_run(bt, table, r1); r1++)
             ;
+        const int64_t nr = (r1 - r0) * G, pieces = (nr + ATT_QC - 1) / ATT_QC;
+        const int64_t per = phased ? (nr + pieces - 1) / pieces : qc;
         for (int64_t kvh = 0; kvh < dm->nkv; kvh++)
-            for (int64_t j = 0; j < (r1 - r0) * G; j += qc)
-                tasks[nt++] = (atask){r0, kvh, j, j + qc < (r1 - r0) * G ? j + qc : (r1 - r0) * G};
+            for (int64_t j = 0; j < nr; j += per)
+                tasks[nt++] = (atask){r0, kvh, j, j + per < nr ? j + per : nr};
     }
     int fail = 0;
+    if (phased) {
+        fail = attend_few(dm, L, bt, table, qkv, wq, att, tasks, nt, nthreads);
+        free(tasks);
+        return fail;
+    }
     #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) reduction(|:fail)
     for (int64_t k = 0; k < nt; k++) {
         const atask *tk = tasks + k;
         aquery a[ATT_QC];
         const int m = (int)(tk->j1 - tk->j0);
-        for (int i = 0; i < m; i++) {
-            const int64_t b = tk->r0 + (tk->j0 + i) / G, h = tk->kvh * G + (tk->j0 + i) % G,
-                          n = bt->seq_lens[b];
-            a[i] = (aquery){qkv + b * wq + h * hd, att + b * nq + h * hd,
-                            L->window && n > L->window ? n - L->window : 0, n, NULL};
-        }
+        task_queries(dm, L, bt, qkv, wq, att, tk, a);
         const int64_t last = tk->r0 + (tk->j1 - 1) / G;       /* its table covers them all */
         fail |= attend_task(dm, L, bt, table + last * bt->max_pages, tk->kvh, a, m);
     }
