@@ -21,8 +21,9 @@ on 2 cores nothing may overlap. Workloads:
 - ``independent``: ``bench.workloads.independent`` (64 requests, 64–512-token prompts, 32–128
   new) with 64 clients; vs vLLM;
 - ``single``: one request, 256 new tokens, not streamed (decode tok/s from the server's own
-  token count over the wall time), and prefill-512 (a 512-token prompt, ``max_tokens`` 1: prompt
-  tok/s); vs llama-server and vLLM;
+  token count over the wall time), prefill-512 (a 512-token prompt, ``max_tokens`` 1: prompt
+  tok/s), and decode after a ``--history-tokens`` prompt (2048: an agent's history; streamed,
+  tok/s from the first token on); vs llama-server and vLLM;
 - ``json``: 32 concurrent chat completions with a ``json_schema`` response format (4 fields incl.
   an array), temperature 0.8, ``max_tokens`` 80 and 40: wall time and the share of outputs
   that parse and validate (``jsonschema``); vs vLLM.
@@ -170,21 +171,38 @@ def streamed(server: Server, items: list[Item], clients: int) -> dict:
     return asyncio.run(main())
 
 
-def single(server: Server, tok, new_tokens: int, prefill_tokens: int, rounds: int) -> dict:
-    """Batch-1 decode (non-streamed, ``ignore_eos``) and prefill-``prefill_tokens`` rates."""
+def single(server: Server, tok, new_tokens: int, prefill_tokens: int, rounds: int,
+           history_tokens: int = 0) -> dict:
+    """Batch-1 decode (non-streamed, ``ignore_eos``) and prefill-``prefill_tokens`` rates; with
+    ``history_tokens``, also the decode rate after a prompt that long (an agent's history:
+    streamed, from the first token to the last, so the prefill is not counted)."""
     import random
 
     rng = random.Random(7)
     short = tok.encode("Once upon a time", add_special_tokens=False)
-    decode, prefill = [], []
+    decode, prefill, late = [], [], []
     with httpx.Client(base_url=server.url, timeout=3600) as c:
+        def body(prompt: list[int], n: int, stream: bool = False) -> dict:
+            return {"model": server.model, "prompt": prompt, "max_tokens": n,
+                    "temperature": 0, "ignore_eos": True, "stream": stream}
+
         def post(prompt: list[int], n: int) -> tuple[float, int]:
-            body = {"model": server.model, "prompt": prompt, "max_tokens": n,
-                    "temperature": 0, "ignore_eos": True}
             t0 = time.perf_counter()
-            r = c.post("/v1/completions", json=body)
+            r = c.post("/v1/completions", json=body(prompt, n))
             r.raise_for_status()
             return time.perf_counter() - t0, r.json()["usage"]["completion_tokens"]
+
+        def decode_after(prompt: list[int], n: int) -> float:
+            """the n - 1 tokens after the first, a second (``ignore_eos``: exactly n; a chunk
+            may carry several)"""
+            first = None
+            with c.stream("POST", "/v1/completions", json=body(prompt, n, True)) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if first is None and line.startswith("data: {") and \
+                            json.loads(line[6:])["choices"][0].get("text"):
+                        first = time.perf_counter()
+            return (n - 1) / (time.perf_counter() - first)
 
         post(short, 4)                                                     # warm-up
         for _ in range(rounds):
@@ -193,9 +211,15 @@ def single(server: Server, tok, new_tokens: int, prefill_tokens: int, rounds: in
             ids = text_of_tokens(tok, prefill_tokens, rng)                 # never cached
             wall, _ = post(ids, 1)
             prefill.append(prefill_tokens / wall)
+            if history_tokens:
+                late.append(decode_after(text_of_tokens(tok, history_tokens, rng), new_tokens))
     med = lambda xs: sorted(xs)[len(xs) // 2]   # noqa: E731
-    return {"decode_tok_s": med(decode), "prefill_tok_s": med(prefill),
-            "decode_rounds": decode, "prefill_rounds": prefill}
+    out = {"decode_tok_s": med(decode), "prefill_tok_s": med(prefill),
+           "decode_rounds": decode, "prefill_rounds": prefill}
+    if history_tokens:
+        out.update({"history_tokens": history_tokens, "decode_after_history_tok_s": med(late),
+                    "decode_after_history_rounds": late})
+    return out
 
 
 def constrained_json(server: Server, requests: int, max_tokens: int) -> dict:
@@ -245,9 +269,12 @@ def measure(server: Server, todo: list[str], tok, args) -> dict:
             out["independent"] = streamed(server, independent(tok, args.requests), args.clients)
             _line(server.name, "independent", out["independent"])
         if "single" in todo:
-            out["single"] = single(server, tok, args.new_tokens, 512, args.rounds)
-            print(f"  {server.name:28s} single   decode {out['single']['decode_tok_s']:6.1f} "
-                  f"tok/s  prefill-512 {out['single']['prefill_tok_s']:7.1f} tok/s", flush=True)
+            r = out["single"] = single(server, tok, args.new_tokens, 512, args.rounds,
+                                       args.history_tokens)
+            print(f"  {server.name:28s} single   decode {r['decode_tok_s']:6.1f} "
+                  f"tok/s  prefill-512 {r['prefill_tok_s']:7.1f} tok/s" +
+                  (f"  decode after {args.history_tokens} {r['decode_after_history_tok_s']:6.1f}"
+                   f" tok/s" if args.history_tokens else ""), flush=True)
         if "json" in todo and server.name != "llama-server":
             for mt in (80, 40):
                 r = out[f"json_{mt}"] = constrained_json(server, args.json_requests, mt)
@@ -280,6 +307,10 @@ def ratios(res: dict) -> dict:
                                                  / p["single"]["decode_tok_s"])
                 out[f"{tag}prefill-512 vs {peer}"] = (al["single"]["prefill_tok_s"]
                                                       / p["single"]["prefill_tok_s"])
+                late = "decode_after_history_tok_s"
+                if late in al["single"] and late in p["single"]:
+                    out[f"{tag}decode after {al['single']['history_tokens']} vs {peer}"] = (
+                        al["single"][late] / p["single"][late])
             for mt in (80, 40):
                 k = f"json_{mt}"
                 if k in al and k in p:
@@ -297,6 +328,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--json-requests", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--history-tokens", type=int, default=2048,
+                    help="single: also decode after a prompt this long (0: not measured)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kv-budget-mb", type=float, default=1024)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
