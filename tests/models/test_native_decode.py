@@ -11,6 +11,7 @@ from agentlang.runtime.attention import decode_plan
 from agentlang.runtime.attention.torch_backend import TorchAttentionBackend
 from agentlang.runtime.attention.forward_batch import build_forward_batch
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
+from agentlang.runtime.models import decode_layer
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.quant.native import qmatmul_library
 from tests.support.gguf_files import write_gguf
@@ -124,6 +125,39 @@ def test_rows_of_a_sequence_match_one_token_steps_bitwise(tmp_path, tokenizer_fi
         torch.set_num_threads(threads)
 
 
+def test_a_prefill_in_the_native_layer_is_its_tokens_decoded_one_by_one(tmp_path,
+                                                                        tokenizer_fields, lib):
+    """A prompt's prefill runs in the C layer as rows of a decode each: its last logits and
+    every K/V it stores are bit for bit those of feeding the prompt one token a step, and near
+    the torch layers' prefill."""
+    path = write_gguf(tmp_path / "m.gguf", tokenizer_fields, "Q4_1")
+    model = load_gguf_model(path, "auto", torch.float32)
+    prompt = PROMPTS[1]                                            # 40 tokens
+    cfg = model.config
+    runs = {}
+    for how in ("native", "steps", "torch"):
+        pool = KVPool(KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32),
+                      PS, num_pages=16)
+        table = [list(range(3, 14))]
+        keep = model.native_decoder
+        model.native_decoder = None if how == "torch" else keep
+        try:
+            if how == "steps":
+                for i, t in enumerate(prompt):
+                    out = model(build_forward_batch([[t]], [i], table, PS), pool,
+                                TorchAttentionBackend())
+            else:
+                batch = build_forward_batch([prompt], [0], table, PS)
+                assert keep.serves(batch, pool, TorchAttentionBackend())
+                out = model(batch, pool, TorchAttentionBackend())
+        finally:
+            model.native_decoder = keep
+        runs[how] = (out[-1], pool.buffer.clone())
+    assert torch.equal(runs["native"][0], runs["steps"][0])
+    assert torch.equal(runs["native"][1], runs["steps"][1])
+    fast, slow = runs["native"][0], runs["torch"][0]
+    assert ((fast - slow).norm() / slow.norm()).item() < 1e-4
+
 def test_long_contexts_match_across_the_attention_task_cuts_bitwise(tmp_path, tokenizer_fields,
                                                                      lib):
     """Past 512 keys, a step of few tasks (a sequence alone, or its verify rows) attends in
@@ -175,7 +209,15 @@ def test_steps_it_does_not_serve_run_the_torch_layers(tmp_path, tokenizer_fields
     dec = model.native_decoder
     pool, tables = setup(model, PROMPTS)
     prefill = build_forward_batch(PROMPTS, [0] * 3, tables, PS)
-    assert not dec.serves(prefill, pool, TorchAttentionBackend())          # not a decode step
+    assert dec.serves(prefill, pool, TorchAttentionBackend())              # chunks of prompts
+    monkeypatch.setattr(decode_layer, "MAX_ROWS", 39)
+    assert not dec.serves(prefill, pool, TorchAttentionBackend())          # 40 > MAX_ROWS
+    monkeypatch.undo()
+    dec.linear.bf16_gemm_rows = 49                    # the engine's bf16_gemm_rows: 49 tokens
+    assert dec.serves(build_forward_batch(PROMPTS[1:], [0] * 2, tables[1:], PS), pool,
+                      TorchAttentionBackend())                             # 43 tokens
+    assert not dec.serves(prefill, pool, TorchAttentionBackend())          # 49: bf16 GEMMs
+    dec.linear.bf16_gemm_rows = None
     step = build_forward_batch([[1]] * 3, [len(p) for p in PROMPTS], tables, PS)
     assert dec.serves(step, pool, TorchAttentionBackend())
     bf16 = KVPool(KVLayout(model.config.num_layers, model.config.num_kv_heads,

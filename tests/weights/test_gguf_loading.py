@@ -17,7 +17,6 @@ from agentlang.runtime.attention.forward_batch import build_forward_batch
 from agentlang.runtime.weights.gguf_file import GgufError
 from agentlang.runtime.cache.kv_pool import KVLayout, KVPool
 from agentlang.runtime.weights.model_loader import resolve_model
-from agentlang.runtime.models.decode_layer import MAX_ROWS
 from agentlang.runtime.models.gguf_model import load_gguf_model
 from agentlang.runtime.quant.native import kquant_library, qmatmul_library
 from agentlang.runtime.quant.native.cpu_features import bf16_matmuls_in_hardware
@@ -109,7 +108,7 @@ def test_a_float32_model_with_bf16_gemm_rows_prefills_in_bf16_and_decodes_exactl
         pytest.skip("needs the native kernels and a CPU with bf16 instructions")
     path = write_gguf(tmp_path / "m.Q4_1.gguf", tokenizer_fields, "Q4_1")
     plain = load_gguf_model(path, "auto", torch.float32)
-    rows = MAX_ROWS + 8           # a shorter call past the decode layer's rows: torch's layers
+    rows = 41                     # fewer tokens: the decode layer; this many: torch's layers
     model = load_gguf_model(path, "auto", torch.float32, bf16_gemm_rows=rows)
     lin = model.layers[0].mlp.gate_up_proj
     assert lin.bf16_gemm_rows == rows and lin.input_dtype == torch.float32
