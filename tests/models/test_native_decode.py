@@ -127,15 +127,17 @@ def test_rows_of_a_sequence_match_one_token_steps_bitwise(tmp_path, tokenizer_fi
 
 def test_a_prefill_in_the_native_layer_is_its_tokens_decoded_one_by_one(tmp_path,
                                                                         tokenizer_fields, lib):
-    """A prompt's prefill runs in the C layer as rows of a decode each: its last logits and
-    every K/V it stores are bit for bit those of feeding the prompt one token a step, and near
-    the torch layers' prefill."""
+    """A prompt's prefill runs in the C layer as rows of a decode each (its per-row steps on
+    every thread from 16 rows): its last logits and every K/V it stores are bit for bit those
+    of feeding the prompt one token a step, at one thread or two, and near the torch layers'."""
     path = write_gguf(tmp_path / "m.gguf", tokenizer_fields, "Q4_1")
     model = load_gguf_model(path, "auto", torch.float32)
     prompt = PROMPTS[1]                                            # 40 tokens
     cfg = model.config
     runs = {}
-    for how in ("native", "steps", "torch"):
+    threads = torch.get_num_threads()
+    for how in ("native", "native 1 thread", "steps", "torch"):
+        torch.set_num_threads(1 if how == "native 1 thread" else threads)
         pool = KVPool(KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32),
                       PS, num_pages=16)
         table = [list(range(3, 14))]
@@ -152,9 +154,11 @@ def test_a_prefill_in_the_native_layer_is_its_tokens_decoded_one_by_one(tmp_path
                 out = model(batch, pool, TorchAttentionBackend())
         finally:
             model.native_decoder = keep
+            torch.set_num_threads(threads)
         runs[how] = (out[-1], pool.buffer.clone())
-    assert torch.equal(runs["native"][0], runs["steps"][0])
-    assert torch.equal(runs["native"][1], runs["steps"][1])
+    for other in ("steps", "native 1 thread"):
+        assert torch.equal(runs["native"][0], runs[other][0]), other
+        assert torch.equal(runs["native"][1], runs[other][1]), other
     fast, slow = runs["native"][0], runs["torch"][0]
     assert ((fast - slow).norm() / slow.norm()).item() < 1e-4
 

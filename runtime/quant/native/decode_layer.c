@@ -58,14 +58,25 @@ typedef struct {
     const int32_t *wpage_table;             /* [B, max_pages] and table; NULL: slots, page_table */
 } agl_batch;
 
-static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float eps, float *out)
+#define PAR_ROWS 16      /* rows from which the per-row steps (norms, RoPE, the K/V store, the
+                          * activation) run on every thread: a prefill chunk's; each row's
+                          * arithmetic is the same on any thread */
+
+static void rmsnorm_t(const float *x, const float *w, int64_t B, int64_t n, float eps,
+                      float *out, int nthreads)
 {
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (B >= PAR_ROWS)
     for (int64_t b = 0; b < B; b++) {
         const float *r = x + b * n;
         float inv = 1.0f / sqrtf(dot(r, r, n) / (float)n + eps);
         for (int64_t i = 0; i < n; i++)
             out[b * n + i] = w[i] * (r[i] * inv);
     }
+}
+
+static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float eps, float *out)
+{
+    rmsnorm_t(x, w, B, n, eps, out, 1);
 }
 
 static void rope(float *h, int64_t heads, int64_t hd, int64_t rd, const float *cos,
@@ -95,9 +106,11 @@ static void gelu_mul(float *gate, const float *up, int64_t n)
 }
 
 /* x += norm(y) (Gemma's post norms; y [B, hidden] normalized in place) */
-static void add_normed(float *x, float *y, const float *w, int64_t B, int64_t H, float eps)
+static void add_normed(float *x, float *y, const float *w, int64_t B, int64_t H, float eps,
+                       int nthreads)
 {
-    rmsnorm(y, w, B, H, eps, y);
+    rmsnorm_t(y, w, B, H, eps, y, nthreads);
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (B >= PAR_ROWS)
     for (int64_t i = 0; i < B * H; i++)
         x[i] += y[i];
 }
@@ -111,12 +124,14 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
                   nk = dm->nkv * hd, wq = nq + 2 * nk, I = dm->inter;
     float *h = malloc(sizeof(float) * (size_t)(B * H)), *qkv = malloc(sizeof(float) * (size_t)(B * wq));
     float *att = malloc(sizeof(float) * (size_t)(B * nq)), *gu = malloc(sizeof(float) * (size_t)(B * 2 * I));
+    float *act = NULL;                   /* the activation's rows when not in place */
     int rc = -1, fail = 0;
     if (!h || !qkv || !att || !gu || hd > 512)
         goto done;
-    rmsnorm(x, L->attn_norm, B, H, dm->eps, h);
+    rmsnorm_t(x, L->attn_norm, B, H, dm->eps, h, nthreads);
     if (agl_qmm(&L->qkv, h, B, qkv, 0, nthreads))
         goto done;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (B >= PAR_ROWS)
     for (int64_t b = 0; b < B; b++) {
         float *r = qkv + b * wq;
         if (L->q_norm) {                                   /* each head in place */
@@ -137,28 +152,34 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
     if (fail || agl_qmm(&L->o, att, B, L->post_attn_norm ? h : x, !L->post_attn_norm, nthreads))
         goto done;
     if (L->post_attn_norm)                                /* Gemma: x += norm(o) */
-        add_normed(x, h, L->post_attn_norm, B, H, dm->eps);
-    rmsnorm(x, L->ffn_norm, B, H, dm->eps, h);
+        add_normed(x, h, L->post_attn_norm, B, H, dm->eps, nthreads);
+    rmsnorm_t(x, L->ffn_norm, B, H, dm->eps, h, nthreads);
     if (agl_qmm(&L->gate_up, h, B, gu, 0, nthreads))
         goto done;
-    for (int64_t b = 0; b < B; b++) {                     /* act(gate) * up, into gate */
-        float *g = gu + b * 2 * I, *dst = gu + b * I;
+    /* act(gate) * up [B, I]: in place, row b's result moved to its packed place (row b - 1
+     * has left it: rows in order); from PAR_ROWS rows, on every thread into `act` */
+    float *packed = gu;
+    if (B >= PAR_ROWS && !(packed = act = malloc(sizeof(float) * (size_t)(B * I))))
+        goto done;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (B >= PAR_ROWS)
+    for (int64_t b = 0; b < B; b++) {
+        float *g = gu + b * 2 * I, *dst = packed + b * I;
         if (dm->gelu) {
             gelu_mul(g, g + I, I);
-            for (int64_t i = 0; i < I; i++)   /* row b's result moves to its packed place */
+            for (int64_t i = 0; i < I; i++)
                 dst[i] = g[i];
         } else {
             silu_mul(g, g + I, I, dst);
         }
     }
     if (L->post_ffn_norm) {                               /* Gemma: x += norm(down) */
-        rc = agl_qmm(&L->down, gu, B, h, 0, nthreads);
+        rc = agl_qmm(&L->down, packed, B, h, 0, nthreads);
         if (rc == 0)
-            add_normed(x, h, L->post_ffn_norm, B, H, dm->eps);
+            add_normed(x, h, L->post_ffn_norm, B, H, dm->eps, nthreads);
     } else {
-        rc = agl_qmm(&L->down, gu, B, x, 1, nthreads);
+        rc = agl_qmm(&L->down, packed, B, x, 1, nthreads);
     }
 done:
-    free(h); free(qkv); free(att); free(gu);
+    free(h); free(qkv); free(att); free(gu); free(act);
     return rc;
 }
