@@ -56,13 +56,20 @@ def test_preemption_keeps_outputs(model_path, oracle, prompt_ids, reference):
 
 def test_chunked_prefill_on_the_gguf_blocks(prompt_ids):
     """The embedded GGUF on the native kernels: a prompt cut into chunks decodes as one prefill
-    does. A chunk step has no logits rows, so the head multiplies 0 rows (on the AMX build that
-    once divided by zero and killed the process)."""
+    does, and as a warm cache does, to the bits of every logprob (each prefill row has a
+    decode's arithmetic in the native layer). A chunk step has no logits rows, so the head
+    multiplies 0 rows (on the AMX build that once divided by zero and killed the process)."""
     from agentlang.runtime.weights.model_loader import resolve_model
 
     path = resolve_model("default", "auto").path
     prompts = [p for p in prompt_ids if len(p) > 8] + [list(range(100, 300))]
-    whole = Engine(path, weights="auto", kv_budget_mb=64).generate(prompts, greedy())
+    eng = Engine(path, weights="auto", kv_budget_mb=64)
+    whole = [eng.generate(p, greedy(logprobs=0)) for p in prompts]
+    warm = [eng.generate(p, greedy(logprobs=0)) for p in prompts]   # the prompt from the cache
+    assert warm[-1].meta["cached_tokens"] >= 192                 # the 200-token prompt's pages
     eng = Engine(path, weights="auto", kv_budget_mb=64, max_batch_tokens=8)
-    cut = [eng.generate(p, greedy()) for p in prompts]      # alone: chunks without logits
-    assert [o.token_ids for o in cut] == [o.token_ids for o in whole]
+    cut = [eng.generate(p, greedy(logprobs=0)) for p in prompts]    # alone: chunks, no logits
+    for runs in (warm, cut):
+        assert [o.token_ids for o in runs] == [o.token_ids for o in whole]
+        assert [[lp.logprob for lp in o.outputs[0].logprobs] for o in runs] == \
+            [[lp.logprob for lp in o.outputs[0].logprobs] for o in whole]
