@@ -304,31 +304,35 @@ static int decode_attention(const agl_dims *dm, const agl_layer *L, const agl_ba
     int64_t qc = B * dm->nh / (2 * (int64_t)nthreads);    /* ~2 tasks a thread (measured:
                                                              * 4 or 8 a thread were slower) */
     qc = qc < 1 ? 1 : qc > ATT_QC ? ATT_QC : qc;
+    atask *tasks = malloc(sizeof(atask) * (size_t)(B * dm->nh));
+    int64_t *ends = malloc(sizeof(int64_t) * (size_t)B);     /* each run's row after its last */
+    if (!tasks || !ends) {
+        free(tasks);
+        free(ends);
+        return -1;
+    }
     /* phased: fewer than 4 tasks a thread with a run's queries of a KV head in one task
      * (more rows than ATT_QC / G: tasks of their own, measured no slower) */
-    int64_t few = 0, one = 1, keys = 0;
+    int64_t runs = 0, one = 1, keys = 0;
     for (int64_t r0 = 0, r1; r0 < B; r0 = r1) {
         for (r1 = r0 + 1; r1 < B && same_run(bt, table, r1); r1++)
             ;
-        few += dm->nkv;
+        ends[runs++] = r1;
         one &= (r1 - r0) * G <= ATT_QC;
         keys = keys > bt->seq_lens[r1 - 1] ? keys : bt->seq_lens[r1 - 1];
     }
-    const int phased = nthreads > 1 && hd % VL == 0 && one && few < 4 * nthreads &&
+    const int phased = nthreads > 1 && hd % VL == 0 && one && runs * dm->nkv < 4 * nthreads &&
                        keys >= ATT_PHASED_KEYS;
-    atask *tasks = malloc(sizeof(atask) * (size_t)(B * dm->nh));
-    if (!tasks)
-        return -1;
     int64_t nt = 0;
-    for (int64_t r0 = 0, r1; r0 < B; r0 = r1) {
-        for (r1 = r0 + 1; r1 < B && same_run(bt, table, r1); r1++)
-            ;
+    for (int64_t i = 0, r0 = 0, r1; i < runs; i++, r0 = r1) {
+        r1 = ends[i];
         const int64_t nr = (r1 - r0) * G, pieces = (nr + ATT_QC - 1) / ATT_QC;
         const int64_t per = phased ? (nr + pieces - 1) / pieces : qc;
         for (int64_t kvh = 0; kvh < dm->nkv; kvh++)
             for (int64_t j = 0; j < nr; j += per)
                 tasks[nt++] = (atask){r0, kvh, j, j + per < nr ? j + per : nr};
     }
+    free(ends);
     int fail = 0;
     if (phased) {
         fail = attend_few(dm, L, bt, table, qkv, wq, att, tasks, nt, nthreads);

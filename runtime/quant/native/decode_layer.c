@@ -62,8 +62,8 @@ typedef struct {
                           * activation) run on every thread: a prefill chunk's; each row's
                           * arithmetic is the same on any thread */
 
-static void rmsnorm_t(const float *x, const float *w, int64_t B, int64_t n, float eps,
-                      float *out, int nthreads)
+static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float eps,
+                    float *out, int nthreads)
 {
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (B >= PAR_ROWS)
     for (int64_t b = 0; b < B; b++) {
@@ -72,11 +72,6 @@ static void rmsnorm_t(const float *x, const float *w, int64_t B, int64_t n, floa
         for (int64_t i = 0; i < n; i++)
             out[b * n + i] = w[i] * (r[i] * inv);
     }
-}
-
-static void rmsnorm(const float *x, const float *w, int64_t B, int64_t n, float eps, float *out)
-{
-    rmsnorm_t(x, w, B, n, eps, out, 1);
 }
 
 static void rope(float *h, int64_t heads, int64_t hd, int64_t rd, const float *cos,
@@ -109,7 +104,7 @@ static void gelu_mul(float *gate, const float *up, int64_t n)
 static void add_normed(float *x, float *y, const float *w, int64_t B, int64_t H, float eps,
                        int nthreads)
 {
-    rmsnorm_t(y, w, B, H, eps, y, nthreads);
+    rmsnorm(y, w, B, H, eps, y, nthreads);
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (B >= PAR_ROWS)
     for (int64_t i = 0; i < B * H; i++)
         x[i] += y[i];
@@ -124,11 +119,11 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
                   nk = dm->nkv * hd, wq = nq + 2 * nk, I = dm->inter;
     float *h = malloc(sizeof(float) * (size_t)(B * H)), *qkv = malloc(sizeof(float) * (size_t)(B * wq));
     float *att = malloc(sizeof(float) * (size_t)(B * nq)), *gu = malloc(sizeof(float) * (size_t)(B * 2 * I));
-    float *act = NULL;                   /* the activation's rows when not in place */
+    float *act = malloc(sizeof(float) * (size_t)(B * I));     /* act(gate) * up [B, I] */
     int rc = -1, fail = 0;
-    if (!h || !qkv || !att || !gu || hd > 512)
+    if (!h || !qkv || !att || !gu || !act || hd > 512)
         goto done;
-    rmsnorm_t(x, L->attn_norm, B, H, dm->eps, h, nthreads);
+    rmsnorm(x, L->attn_norm, B, H, dm->eps, h, nthreads);
     if (agl_qmm(&L->qkv, h, B, qkv, 0, nthreads))
         goto done;
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (B >= PAR_ROWS)
@@ -136,7 +131,8 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
         float *r = qkv + b * wq;
         if (L->q_norm) {                                   /* each head in place */
             for (int64_t j = 0; j < dm->nh + dm->nkv; j++)
-                rmsnorm(r + j * hd, j < dm->nh ? L->q_norm : L->k_norm, 1, hd, dm->eps, r + j * hd);
+                rmsnorm(r + j * hd, j < dm->nh ? L->q_norm : L->k_norm, 1, hd, dm->eps,
+                        r + j * hd, 1);
         }
         const int local = L->local_rope && bt->lcos;
         rope(r, dm->nh + dm->nkv, hd, dm->rd, (local ? bt->lcos : bt->cos) + b * dm->rd,
@@ -153,17 +149,12 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
         goto done;
     if (L->post_attn_norm)                                /* Gemma: x += norm(o) */
         add_normed(x, h, L->post_attn_norm, B, H, dm->eps, nthreads);
-    rmsnorm_t(x, L->ffn_norm, B, H, dm->eps, h, nthreads);
+    rmsnorm(x, L->ffn_norm, B, H, dm->eps, h, nthreads);
     if (agl_qmm(&L->gate_up, h, B, gu, 0, nthreads))
-        goto done;
-    /* act(gate) * up [B, I]: in place, row b's result moved to its packed place (row b - 1
-     * has left it: rows in order); from PAR_ROWS rows, on every thread into `act` */
-    float *packed = gu;
-    if (B >= PAR_ROWS && !(packed = act = malloc(sizeof(float) * (size_t)(B * I))))
         goto done;
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (B >= PAR_ROWS)
     for (int64_t b = 0; b < B; b++) {
-        float *g = gu + b * 2 * I, *dst = packed + b * I;
+        float *g = gu + b * 2 * I, *dst = act + b * I;
         if (dm->gelu) {
             gelu_mul(g, g + I, I);
             for (int64_t i = 0; i < I; i++)
@@ -173,11 +164,11 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
         }
     }
     if (L->post_ffn_norm) {                               /* Gemma: x += norm(down) */
-        rc = agl_qmm(&L->down, packed, B, h, 0, nthreads);
+        rc = agl_qmm(&L->down, act, B, h, 0, nthreads);
         if (rc == 0)
             add_normed(x, h, L->post_ffn_norm, B, H, dm->eps, nthreads);
     } else {
-        rc = agl_qmm(&L->down, packed, B, x, 1, nthreads);
+        rc = agl_qmm(&L->down, act, B, x, 1, nthreads);
     }
 done:
     free(h); free(qkv); free(att); free(gu); free(act);

@@ -99,8 +99,8 @@ int agl_qmm(const agl_qweight *w, const float *x, int64_t M, float *y, int accum
             return -2;
         ldy += p->n;
     }
-    if (M <= 0)                          /* no rows (a step without logits rows): */
-        return 0;                        /* nothing to do (the tile split divides by M) */
+    if (M <= 0)                          /* no rows (a step without logits rows) */
+        return 0;
     int16_t *q = malloc(sizeof(int16_t) * (size_t)(M * kb * QK));
     float *xd = malloc(sizeof(float) * (size_t)(M * kb) * 2);
     if (!q || !xd) { free(q); free(xd); return -1; }
