@@ -1,5 +1,7 @@
-/* One decoder layer of a decode step (one new token per sequence), whole, for a Llama-family
- * model whose linears are quantized blocks (the build's qmatmul.c) and whose KV pool is float32:
+/* One decoder layer of a step, whole: a decode (one new token per sequence), a verify or a
+ * prefill chunk (several: a row each, row j of a sequence attending to its first prefix + j + 1
+ * keys, a decode's arithmetic), for a Llama-family model whose linears are quantized blocks
+ * (the build's qmatmul.c) and whose KV pool is float32:
  *
  *   x += o_proj(attention(rope(qkv_proj(rmsnorm(x)))))      (K/V of the new token stored first)
  *   x += down_proj(silu(gate) * up),  [gate, up] = gate_up_proj(rmsnorm(x))
