@@ -1,5 +1,6 @@
 """fork/join on the Mock backend: semantics, prefix commit/release, concurrency, errors."""
 
+import threading
 import time
 
 import pytest
@@ -221,3 +222,60 @@ def test_error_in_a_fork_is_raised_even_without_join():
         with pytest.raises(ValueError, match="not a int"):
             prog.run(backend=m)
         assert m.locked == {}
+
+
+def test_forks_of_a_frontier_commit_their_prefixes_together():
+    """Forking each state of a frontier in a loop does not wait for one prefix commit per
+    state: the commits reach the backend together (with a commit per state in turn, the
+    barrier of 3 breaks)."""
+
+    @al.function
+    def frontier(s):
+        s += "Root."
+        nodes = s.fork(3)
+        nodes += lambda i: f" node {i}"
+        children = []
+        for node in nodes:
+            forks = node.fork(2)
+            forks += al.gen("leaf", max_tokens=4)
+            children.append(forks)
+        for forks in children:
+            forks.join()
+        nodes.join()
+
+    m = al.Mock()
+    together = threading.Barrier(3, timeout=10)   # the three nodes' commits, at once
+
+    def commit(text: str, inner=m.cache_prefix):
+        if text != "Root.":                        # the root's own fork commits alone
+            together.wait()
+        return inner(text)
+
+    m.cache_prefix = commit
+    st = frontier.run(backend=m)
+    assert st.error() is None
+    cached = sorted(t for kind, _, t in m.prefix_events if kind == "cache")
+    assert cached == ["Root.", "Root. node 0", "Root. node 1", "Root. node 2"]
+    assert m.locked == {}
+    leaves = [c.prompt for c in m.calls if c.kind == "generate"]
+    assert sorted(p[:len("Root. node 0")] for p in leaves) == sorted(
+        f"Root. node {i}" for i in range(3) for _ in range(2))
+
+
+def test_a_parent_error_before_the_fork_point_reaches_its_forks():
+    """The parent fails after ``fork`` returned but before its worker reached the fork point:
+    the forks run nothing, reading them raises the parent's error, nothing stays locked."""
+
+    @al.function
+    def failing(s):
+        s += al.gen("n", dtype=int)
+        forks = s.fork(2)
+        forks += al.gen("x", max_tokens=3)
+        forks[0]["x"]
+
+    m = al.Mock(delay_s=0.2)
+    m._typed = staticmethod(lambda *a: "abc")
+    with pytest.raises(ValueError, match="not a int"):
+        failing.run(backend=m)
+    assert [c for c in m.calls if c.kind == "generate" and c.options.max_tokens == 3] == []
+    assert m.locked == {}
