@@ -8,12 +8,12 @@ at once and the backend batches them. Reading a variable (``s["x"]``) waits for 
 catch up; an error in a worker is kept and re-raised in the program's thread on that sync.
 
 Fork/join: ``fork_streams`` returns the children at once and queues the fork on the parent's
-stream; the parent's worker, when it gets there, commits the parent's text once through
-``backend.cache_prefix`` (prefilled and locked in the radix cache), copies its state into the
-children and only then lets them start. So a program that forks several states in a loop (a
-tree's frontier) does not wait for one prefix commit (an engine step) per state: their
-commits reach the backend together. The lock is released when the branches are joined — or
-when the run ends, for forks nobody joined.
+stream (fork_record.py); the parent's worker, when it gets there, commits the parent's text
+once through ``backend.cache_prefix`` (prefilled and locked in the radix cache), copies its
+state into the children and only then lets them start. So a program that forks several states
+in a loop (a tree's frontier) does not wait for one prefix commit (an engine step) per state:
+their commits reach the backend together. The lock is released when the branches are joined —
+or when the run ends, for forks nobody joined.
 """
 
 from __future__ import annotations
@@ -30,39 +30,11 @@ from typing import Any
 from agentlang.backends.base import Backend, Prompt
 from agentlang.branch import BranchId
 from agentlang.chat_template import ChatTemplate
+from agentlang.fork_record import ForkGate, ForkRecord, ForkStart, start_children
 from agentlang.interpreter import Interpreter, JoinItem
 from agentlang.ir import Expr
 from agentlang.runtime.core.typed_values import VALUE_TYPE_STOP
 from agentlang.sampling import SamplingOptions
-
-
-@dataclass
-class ForkRecord:
-    """One ``s.fork(n)``: its child executors and the prefix handle held for them. The
-    parent's worker sets ``handle`` and ``error`` (the parent's, if it failed before the fork
-    point) and then ``ready``; children start running only after ``ready``."""
-
-    children: list[StreamExecutor]
-    index: int = 0                   # the parent's how-manieth fork (branch paths)
-    handle: Any = None
-    released: bool = False
-    error: BaseException | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass(frozen=True)
-class _ForkStart:
-    """Queued on the parent: at this point of its stream, commit the prefix and start
-    ``record``'s children."""
-
-    record: ForkRecord
-
-
-@dataclass(frozen=True)
-class _ForkGate:
-    """A child's first item: wait until its parent reached the fork point."""
-
-    record: ForkRecord
 
 
 @dataclass
@@ -119,7 +91,7 @@ class StreamExecutor:
     def __init__(self, ctx: RunContext, branch: BranchId = BranchId(),
                  gate: ForkRecord | None = None):
         """``gate``: the fork this stream is a child of; it runs nothing before the parent's
-        worker has copied the parent's state into it (``_start_forks``)."""
+        worker has copied the parent's state into it (``fork_record.start_children``)."""
         self.ctx = ctx
         self.branch = branch
         self.gens = 0        # generations started by this stream
@@ -144,7 +116,7 @@ class StreamExecutor:
         with ctx.lock:
             ctx.executors.append(self)
         if gate is not None:
-            self.queue.put(_ForkGate(gate))
+            self.queue.put(ForkGate(gate))
         self.worker = threading.Thread(target=self._work, daemon=True, name="agentlang-stream")
         self.worker.start()
 
@@ -172,9 +144,9 @@ class StreamExecutor:
             try:
                 if item is None:
                     break
-                if isinstance(item, _ForkStart):      # even after an error: children wait
-                    self._start_forks(item.record)
-                elif isinstance(item, _ForkGate):
+                if isinstance(item, ForkStart):       # even after an error: children wait
+                    start_children(self, item.record)
+                elif isinstance(item, ForkGate):
                     item.record.ready.wait()
                     self.error_ = item.record.error
                 elif self.error_ is None:
@@ -192,7 +164,7 @@ class StreamExecutor:
     # -- the stream protocol used by ProgramState (program thread) -----------------------
     def fork_streams(self, size: int) -> tuple[list[StreamExecutor], ForkRecord]:
         """Called from the program thread: ``size`` children that start once this stream's
-        worker reaches the fork point (``_start_forks``). An error this stream already has is
+        worker reaches the fork point (``fork_record.start_children``). An error this stream already has is
         raised here; one that comes before the fork point reaches the children instead."""
         if self.error_ is not None:
             raise self.error_
@@ -201,34 +173,8 @@ class StreamExecutor:
         with self.ctx.lock:
             self.ctx.forks.append(record)
         record.children.extend(StreamExecutor(self.ctx, gate=record) for _ in range(size))
-        self.submit(_ForkStart(record))
+        self.submit(ForkStart(record))
         return record.children, record
-
-    def _start_forks(self, record: ForkRecord) -> None:
-        """Worker thread, at the fork point: commit the prefix (forks of several states),
-        copy this stream's state into the children, let them run."""
-        try:
-            if self.error_ is None:
-                backend = self.ctx.backend
-                if len(record.children) > 1 and self.text_ and backend.capabilities.prefix_cache:
-                    record.handle = backend.cache_prefix(self.text_)
-        except BaseException as e:  # noqa: BLE001 - the children and the program get it
-            self.error_ = e
-        record.error = self.error_
-        for i, child in enumerate(record.children):
-            child.branch = BranchId(f"{self.branch.path}/{record.index}.{i}", self.branch.path,
-                                    self.gens)
-            with child.cond:
-                child.text_ = self.text_
-                child.cond.notify_all()
-            child.messages_ = list(self.messages_)
-            child.variables = dict(self.variables)
-            child.meta_info = dict(self.meta_info)
-            child.cur_role, child.cur_role_begin = self.cur_role, self.cur_role_begin
-            child.scopes = dict(self.scopes)
-            child.fork_start = len(self.text_)
-            child.fork_messages = len(self.messages_)
-        record.ready.set()
 
     def join_streams(self, record: ForkRecord, streams: list, mode: str) -> None:
         self.submit(JoinItem(record, mode))
