@@ -60,7 +60,8 @@ def merge_shared(qg, out, lse, pool: KVPool, layer: int, plan: DecodePlan, scale
     the row gathers cost ~8 ms of a 64-row step sharing a 1k-token prefix)."""
     for g in plan.groups:
         length = g.pages.numel() * pool.page_size
-        if native is not None and g.first_page is not None:
+        view = g.first_page is not None and pool.k_cache(layer).dtype == qg.dtype
+        if native is not None and view:     # (a pool storing narrower than q: gathered, widened)
             run = slice(g.first_page, g.first_page + g.pages.numel())
             kp = pool.k_cache(layer)[run].flatten(0, 1)                  # [n*S, Hkv, D]
             vp = pool.v_cache(layer)[run].flatten(0, 1)
@@ -140,7 +141,7 @@ class TorchAttentionBackend:
         # runs of consecutive ones: a slice copy each, not one indexed copy of a stacked K/V
         # (2048 tokens: ~0.3 ms a layer -> ~0.1)
         runs = None
-        if (pool.scales is None and k.dtype == v.dtype == pool.layout.dtype
+        if (pool.scales is None and k.dtype == v.dtype       # copy_ rounds to a narrower pool
                 and layer not in pool.layout.window_layers):
             runs = batch.cached("torch.slot_runs", lambda: slot_runs(batch.slot_mapping.tolist()))
         if runs is None:

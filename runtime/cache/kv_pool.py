@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from agentlang.runtime.cache.kv_quant import SCALE_DTYPE, KVFormat, dequantize, kv_dtype_name, kv_format, quantize
+from agentlang.runtime.cache.kv_quant import (FLOAT_STORAGE, SCALE_DTYPE, KVFormat, dequantize,
+                                              kv_dtype_name, kv_format, quantize)
 from agentlang.runtime.cache.window_pages import WindowPages, window_pool_pages
 from agentlang.runtime.core.huge_pages import full_on_huge_pages
 
@@ -41,8 +42,8 @@ class KVLayout:
     """Shape of the KV cache of one model: what one token costs in every layer.
 
     ``dtype`` is the compute (model) dtype; ``kv_dtype`` the storage format (``"auto"``: the
-    model dtype; ``"int8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``: one byte per element plus a
-    float16 scale per token and KV head)."""
+    model dtype; ``"bfloat16"``: bfloat16, no scales; ``"int8"``, ``"fp8_e4m3"``,
+    ``"fp8_e5m2"``: one byte per element plus a float16 scale per token and KV head)."""
 
     num_layers: int
     num_kv_heads: int
@@ -80,12 +81,15 @@ class KVLayout:
 
     @property
     def quantized(self) -> bool:
-        return self.kv_dtype != "auto"
+        """8 bits an element with scales (``format`` is not None)."""
+        return self.format is not None
 
     @property
     def storage_dtype(self) -> torch.dtype:
         fmt = self.format
-        return self.dtype if fmt is None else fmt.storage
+        if fmt is not None:
+            return fmt.storage
+        return FLOAT_STORAGE.get(self.kv_dtype, self.dtype)
 
     @property
     def kv_dtype_name(self) -> str:
@@ -260,8 +264,8 @@ class KVPool:
         grp, i, slots = self._layer(layer, slots, slots=True)
         if grp.scales is None:                  # stored as computed: K and V in one copy
             kv = torch.stack((k, v)) if k.dtype == v.dtype else torch.stack((k, v.to(k.dtype)))
-            if kv.dtype != self.layout.dtype:
-                kv = kv.to(self.layout.dtype)                               # [2, T, H, D]
+            if kv.dtype != grp.raw.dtype:
+                kv = kv.to(grp.raw.dtype)                                   # [2, T, H, D]
             grp.raw[i].view(2, -1, H, D).index_copy_(1, slots, kv)
             return
         fmt = self.layout.format
@@ -281,8 +285,8 @@ class KVPool:
         idx = page_ids.reshape(-1).long()
         shape = (*page_ids.shape, *grp.raw.shape[3:])                       # [..., S, H, D]
         raw = grp.raw[i, which].index_select(0, idx).view(shape)
-        if grp.scales is None:
-            return raw                                # auto: stored in the compute dtype
+        if grp.scales is None:                        # unscaled: widened if stored narrower
+            return raw if raw.dtype == self.layout.dtype else raw.to(self.layout.dtype)
         scale = grp.scales[i, which].index_select(0, idx).view(shape[:-1])
         return dequantize(raw.view(self.layout.storage_dtype), scale, self.layout.dtype)
 
@@ -297,6 +301,8 @@ class KVPool:
                 and bool((idx[1:] - idx[:-1] == 1).all())):
             first = int(idx[0])
             k, v = grp.raw[i, :, first:first + idx.numel()].unbind(0)   # [n, S, H, D]
+            if k.dtype != self.layout.dtype:                              # stored narrower
+                k, v = k.to(self.layout.dtype), v.to(self.layout.dtype)
             return k, v
         return self._gather(grp, i, 0, page_ids), self._gather(grp, i, 1, page_ids)
 

@@ -1,8 +1,10 @@
-"""KV cache storage formats: the model's dtype, or 8 bits per element plus a scale.
+"""KV cache storage formats: the model's dtype, bfloat16, or 8 bits per element plus a scale.
 
 ``kv_dtype`` names the format: ``auto`` stores K/V in the model's dtype (no scales);
-``int8``, ``fp8_e4m3`` and ``fp8_e5m2`` store each element in one byte, together with one
-float16 scale per token and KV head.
+``bfloat16`` stores them as bfloat16 whatever the model's dtype (no scales: each value rounded
+to nearest even once, as it is stored, and widened exactly when read — half a float32 model's
+KV bytes, llama.cpp's f16 cache's size); ``int8``, ``fp8_e4m3`` and ``fp8_e5m2`` store each
+element in one byte, together with one float16 scale per token and KV head.
 
 Why per-token-per-head scales (and not per page): a token's K/V are written once, when the
 token is stored, and never change afterwards. A per-page scale would have to grow whenever a
@@ -31,7 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-KV_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+KV_DTYPES = ("auto", "bfloat16", "int8", "fp8_e4m3", "fp8_e5m2")
+FLOAT_STORAGE = {"bfloat16": torch.bfloat16}   # unscaled storage in a dtype of its own
 SCALE_DTYPE = torch.float16
 SCALE_MIN = 2.0**-14          # smallest normal float16: the scale of an all-zero vector
 SCALE_MAX = 65504.0           # largest float16
@@ -53,13 +56,14 @@ class KVFormat:
 
 
 def kv_format(kv_dtype: str) -> KVFormat | None:
-    """The storage format named ``kv_dtype``; None for ``auto`` (the model's dtype).
+    """The 8-bit storage format named ``kv_dtype``; None for ``auto`` (the model's dtype) and
+    ``bfloat16`` (:data:`FLOAT_STORAGE`: no scales).
 
     Raises ``ValueError`` for an unknown name (listing the accepted ones) and for an fp8 format
     this torch build has no dtype for."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)}, got {kv_dtype!r}")
-    if kv_dtype == "auto":
+    if kv_dtype == "auto" or kv_dtype in FLOAT_STORAGE:
         return None
     storage = getattr(torch, TORCH_NAMES[kv_dtype], None)
     if storage is None:
@@ -98,11 +102,15 @@ def check_kv_dtype_support(kv_dtype: str, device: torch.device, attention_backen
     """Raise ``ValueError`` when ``device`` (with ``attention_backend``, ``"auto"`` resolving
     to triton on CUDA) cannot store and read ``kv_dtype``."""
     fmt = kv_format(kv_dtype)
-    if fmt is None:
-        return
     backend = attention_backend
     if backend == "auto":
         backend = "triton" if device.type == "cuda" else "torch"
+    if kv_dtype in FLOAT_STORAGE and backend != "torch":
+        raise ValueError(f"kv_dtype {kv_dtype!r} is read by the torch attention backend only "
+                         f"(attention_backend 'torch' or 'auto' on CPU), got {backend!r}; use "
+                         f"'auto' (the model's dtype) or 'int8'")
+    if fmt is None:
+        return
     if backend == "triton" and device.type == "cuda" and kv_dtype == "fp8_e4m3":
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (8, 9):  # Triton's fp8e4nv needs sm_89+

@@ -40,7 +40,7 @@ class EngineConfig:
     kv_budget_mb: float | None = None     # default: 512 MB on CPU, 40% of free memory on GPU
     num_pages: int | None = None          # overrides kv_budget_mb
     window_kv_fraction: float | None = None   # sliding layers' pages per global page (cache/window_pages)
-    kv_dtype: str = "auto"                # "auto" (model dtype) | "int8" | "fp8_e4m3" | "fp8_e5m2"
+    kv_dtype: str = "auto"                # "auto" (model dtype) | "bfloat16" | "int8" | "fp8_e4m3" | "fp8_e5m2"
     max_batch_tokens: int = 2048
     max_running: int = 64
     max_wait_steps: int = 64              # aging: +1 effective priority per this many steps waited

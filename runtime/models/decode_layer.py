@@ -9,7 +9,8 @@ It serves a step when (:meth:`NativeDecoder.serves`): every sequence appends at 
 :data:`MAX_ROWS` tokens (a decode, a speculative or jump-forward verify, a prefill chunk of
 up to the default ``max_batch_tokens``), fewer rows in all than the engine's
 ``bf16_gemm_rows`` when that is set (those calls are bf16 GEMMs, the torch layers'), the
-attention backend is torch's (CPU), the KV pool stores float32 unquantized, and no
+attention backend is torch's (CPU), the KV pool stores float32 or bfloat16 (``kv_dtype``
+``"bfloat16"``: each K/V value rounded once, as it is stored) unquantized, and no
 sequences share enough leading pages for a cascade group to pay (the torch backend reads a
 long prefix shared by many sequences once for the whole group — cascade attention — where
 this path reads it once per sequence; :func:`~agentlang.runtime.attention.decode_plan.cascade_min_keys`);
@@ -59,7 +60,8 @@ class Layer(ctypes.Structure):
                 ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
                 ("post_attn_norm", ctypes.c_void_p), ("post_ffn_norm", ctypes.c_void_p),
-                ("window", ctypes.c_int64), ("local_rope", ctypes.c_int64)]
+                ("window", ctypes.c_int64), ("local_rope", ctypes.c_int64),
+                ("kv_bf16", ctypes.c_int64)]
 
 
 class Batch(ctypes.Structure):
@@ -124,6 +126,7 @@ class NativeDecoder:
         bf16 = self.linear.bf16_gemm_rows
         if not (getattr(backend, "name", None) == "torch" and pool.scales is None
                 and pool.layout.dtype == torch.float32 and pool.device.type == "cpu"
+                and pool.layout.storage_dtype in (torch.float32, torch.bfloat16)
                 and max(batch.extend_lens_list) <= MAX_ROWS
                 and (bf16 is None or batch.num_tokens < bf16)):
             return False
@@ -147,6 +150,7 @@ class NativeDecoder:
         """Layer ``i`` on x: float32 ``[B, hidden]`` (updated in place and returned)."""
         L = self.layers[i]
         L.k_cache, L.v_cache = pool.k_cache(i).data_ptr(), pool.v_cache(i).data_ptr()
+        L.kv_bf16 = pool.layout.storage_dtype == torch.bfloat16
         if not x.is_contiguous():
             x = x.contiguous()
         if self._fn(ctypes.byref(self.dims), ctypes.byref(L), ctypes.byref(step.args),

@@ -43,7 +43,8 @@ from agentlang.runtime.cache.window_pages import request_window_pages
 from agentlang.runtime.models.gemma_config import layer_windows
 
 FLOAT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PLAN_KV_DTYPES = KV_DTYPES + tuple(FLOAT_DTYPES)   # plus plain float caches of any width
+PLAN_KV_DTYPES = KV_DTYPES + tuple(d for d in FLOAT_DTYPES if d not in KV_DTYPES)   # plus
+# plain float caches of any width
 GIB = 2**30
 # bytes per weight of each storage format (GGUF blocks: bytes per block / weights per block)
 WEIGHT_FORMATS = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32,

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from agentlang.runtime.cache.kv_quant import KV_DTYPES
 from agentlang.runtime.core.program_service import SCHEDULE_POLICIES
 from agentlang.runtime.weights.model_loader import WEIGHTS
 
@@ -53,7 +54,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="structured-output backend (default xgrammar)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="model and KV dtype (default float32)")
-    p.add_argument("--kv-dtype", choices=("auto", "int8", "fp8_e4m3", "fp8_e5m2"), default=None,
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
                    help="KV cache storage (default auto: the model dtype)")
     p.add_argument("--schedule-low-priority-values-first", action="store_true", default=None,
                    help="serve lower 'priority' values first (vLLM's habit; default: higher "

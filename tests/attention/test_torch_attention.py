@@ -288,3 +288,39 @@ def test_bf16_rows_attend_a_float32_prefills_causal_blocks_in_bf16():
     kk, vv = cascade.kv_of(pool, 0, batch.page_table[0], 80, torch.bfloat16)
     assert torch.equal(out, cascade.causal_attend(q.bfloat16(), kk, vv, 0, 0.25).float())
     assert torch.equal(TorchAttentionBackend(bf16_rows=81).attend(q, pool, 0, batch, 0.25), exact)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_bfloat16_storing_pool_reads_as_its_values_in_float32(monkeypatch, native):
+    """A float32 model's pool storing bfloat16 (``kv_dtype="bfloat16"``): every path of the
+    backend (decode rows, a decode cascade, extend groups, short extends, causal blocks, a
+    sliding window with capped scores) gives bit for bit what a float32 pool holding the same
+    rounded values gives; with and without the native kernels."""
+    monkeypatch.setattr(decode_plan, "CASCADE_MIN_KEYS", {})    # every group pays here
+    if not native:
+        monkeypatch.setattr(torch_backend, "qmatmul_library", lambda: None)
+    narrow = KVPool(KVLayout(1, HKV, D, torch.float32, "bfloat16"), PS, num_pages=96)
+    wide = filled_pool()
+    slots = torch.arange(96 * PS)
+    k, v = wide.gather_kv(0, torch.arange(96))
+    k, v = k.flatten(0, 1).to(torch.bfloat16).float(), v.flatten(0, 1).to(torch.bfloat16).float()
+    wide.store(0, slots, k, v)
+    narrow.store(0, slots, k, v)
+    assert narrow.buffer.dtype == torch.bfloat16
+    shared = list(range(1, 7))
+    g = torch.Generator().manual_seed(5)
+    steps = [  # (new tokens, cached prefixes, tables)
+        ([1] * 5, [26, 29, 31, 25, 9],
+         [shared + [30 + 3 * i, 31 + 3 * i, 32 + 3 * i] for i in range(4)] + [[60, 61, 62]]),
+        ([5, 3, 9, 8, 1], [12, 14, 10, 0, 13],
+         [shared[:3] + [40, 41], shared[:3] + [42, 43], [44, 45, 46, 47, 48], [49, 50],
+          shared[:3] + [51]]),
+    ]
+    for new, prefix, tables in steps:
+        q = torch.randn(sum(new), HQ, D, generator=g)
+        batch = build_forward_batch([[1] * n for n in new], prefix, tables, PS)
+        outs = [TorchAttentionBackend().attend(q, pool, 0, batch, 0.25) for pool in (narrow, wide)]
+        assert torch.equal(*outs)
+        outs = [TorchAttentionBackend().attend(q, pool, 0, batch, 0.25, window=7, softcap=30.0)
+                for pool in (narrow, wide)]
+        assert torch.equal(*outs)

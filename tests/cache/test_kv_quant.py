@@ -117,12 +117,12 @@ def test_pool_sized_from_budget_with_scales():
 
 def test_unknown_kv_dtype_is_rejected_with_the_accepted_values():
     for bad in ("int4", "fp16", "float8", ""):
-        with pytest.raises(ValueError, match=r"kv_dtype must be one of \['auto', 'int8', "
-                                             r"'fp8_e4m3', 'fp8_e5m2'\]"):
+        with pytest.raises(ValueError, match=r"kv_dtype must be one of \['auto', 'bfloat16', "
+                                             r"'int8', 'fp8_e4m3', 'fp8_e5m2'\]"):
             EngineConfig(kv_dtype=bad).validate()
         with pytest.raises(ValueError, match="kv_dtype must be one of"):
             KVLayout(1, 1, 8, torch.float32, bad)
-    assert KV_DTYPES == ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+    assert KV_DTYPES == ("auto", "bfloat16", "int8", "fp8_e4m3", "fp8_e5m2")
 
 
 def test_engine_start_fails_fast_on_bad_kv_dtype():

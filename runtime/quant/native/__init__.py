@@ -50,7 +50,7 @@ from agentlang.runtime.quant.native.library import PagedDecode, QMatmulLibrary, 
 
 HERE = Path(__file__).parent
 SHARED = ("qmatmul.h", "vecmath.h", "kdequant.h", "softmax_rows.h", "decode_attention.h",
-          "attention_phases.h",
+          "attention_phases.h", "attention_kv.h",
           "decode_layer.c", "paged_attention.c", "shared_attention.c", "glue.c", "int8.c", "sample.c")     # in this folder, used by every build
 OWN = ("qmatmul.c", "dequant.c", "softmax.c")             # in each build's folder
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")

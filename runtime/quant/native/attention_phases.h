@@ -1,4 +1,5 @@
-/* attention_phases.h: decode_attention.h's attention for a step of few tasks.
+/* attention_phases.h: decode_attention.h's attention for a step of few tasks (its phases,
+ * scores_chunk and attend_phased, read K/V: attention_kv.h, one a pool type).
  *
  * A step of few tasks (one sequence's decode row or verify rows, a handful of sequences) cut
  * a task a thread leaves threads idle, and cut finer it reads a KV head's pages once a thread;
@@ -10,64 +11,6 @@
  * result stays bit for bit the same whichever cut its step takes. */
 #ifndef AGL_ATTENTION_PHASES_H
 #define AGL_ATTENTION_PHASES_H
-
-typedef struct {
-    aquery a[ATT_QC];
-    int m;
-    const float *kc, *vc;
-    const int64_t *at;      /* its run's offsets, from position base */
-    int64_t base;
-} ptask;
-
-/* Scores of task T's queries for keys [k0, k1) (attend_grouped's split of own and shared
- * keys, cut to the chunk) */
-static void scores_chunk(ptask *T, int64_t k0, int64_t k1, int64_t hd)
-{
-    aquery *a = T->a;
-    const int m = T->m;
-    const int64_t c0 = a[m - 1].lo, c1 = a[0].n > c0 ? a[0].n : c0;
-#define CLIP(lo_, hi_, f_) do { const int64_t l_ = (lo_) > k0 ? (lo_) : k0, \
-        h_ = (hi_) < k1 ? (hi_) : k1; if (l_ < h_) f_; } while (0)
-    for (int i = 0; i < m; i++) {
-        CLIP(a[i].lo, c0 < a[i].n ? c0 : a[i].n,
-             scores_each(a + i, T->kc, T->at, T->base, l_, h_, hd));
-        CLIP(c1 > a[i].lo ? c1 : a[i].lo, a[i].n,
-             scores_each(a + i, T->kc, T->at, T->base, l_, h_, hd));
-    }
-    CLIP(c0, c1, scores_shared(a, m, T->kc, T->at, T->base, l_, h_, hd));
-#undef CLIP
-}
-
-/* The phases over nt tasks (hd a multiple of VL; scores buffers and offsets set). */
-static void attend_phased(const agl_dims *dm, ptask *T, int64_t nt, int nthreads)
-{
-    const int64_t hd = dm->hd, lanes = hd >= 2 * VL ? 2 * VL : VL, nl = hd / lanes;
-    const int64_t kch = nthreads;             /* key chunks a task (a window's may be empty) */
-    #pragma omp parallel num_threads(nthreads)
-    {
-        /* chunk-major, static: a thread's keys of every head are one contiguous span */
-        #pragma omp for schedule(static)
-        for (int64_t w = 0; w < nt * kch; w++) {
-            ptask *t = T + w % nt;
-            const int64_t lo = t->a[0].lo, n = t->a[t->m - 1].n, j = w / nt;
-            const int64_t step = ((n - lo + kch - 1) / kch + VL - 1) / VL * VL;
-            const int64_t k0 = lo + j * step, k1 = k0 + step < n ? k0 + step : n;
-            if (k0 < k1)
-                scores_chunk(t, k0, k1, hd);
-        }
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t w = 0; w < nt * ATT_QC; w++)
-            if (w % ATT_QC < T[w / ATT_QC].m)
-                probabilities(dm, T[w / ATT_QC].a + w % ATT_QC);
-        #pragma omp for schedule(static)
-        for (int64_t w = 0; w < nt * nl; w++) {       /* lane-major, as the keys */
-            ptask *t = T + w % nt;
-            const int64_t c0 = t->a[t->m - 1].lo, c1 = t->a[0].n > c0 ? t->a[0].n : c0;
-            values_lanes_any(t->a, t->m, t->vc, t->at, t->base, c0, c1, (w / nt) * lanes,
-                             (int)(lanes / VL));
-        }
-    }
-}
 
 /* The tasks through attend_phased: each run's offsets once (from its first row's first key
  * to its last row's last), each task's scores buffer. 0, or -1 without memory. */
@@ -85,8 +28,9 @@ static int attend_few(const agl_dims *dm, const agl_layer *L, const agl_batch *b
         ptask *t = T + k;
         t->m = (int)(tk->j1 - tk->j0);
         task_queries(dm, L, bt, qkv, wq, att, tk, t->a);
-        t->kc = L->k_cache + tk->kvh * hd;
-        t->vc = L->v_cache + tk->kvh * hd;
+        const int64_t first = tk->kvh * hd * (L->kv_bf16 ? 2 : 4);     /* bytes */
+        t->kc = (const char *)L->k_cache + first;
+        t->vc = (const char *)L->v_cache + first;
         if (k > 0 && tk->r0 == tasks[k - 1].r0 && T[k - 1].base == t->a[0].lo &&
             T[k - 1].a[T[k - 1].m - 1].n >= t->a[t->m - 1].n) {
             t->at = T[k - 1].at;                         /* the run's offsets: shared */
@@ -107,7 +51,7 @@ static int attend_few(const agl_dims *dm, const agl_layer *L, const agl_batch *b
             t->a[i].s = ss[k] + i * span;
     }
     if (!fail)
-        attend_phased(dm, T, nt, nthreads);
+        (L->kv_bf16 ? attend_phased_bf16 : attend_phased_f32)(dm, T, nt, nthreads);
     for (int64_t k = 0; k < nt && ats && ss; k++) {
         free(ats[k]);
         free(ss[k]);

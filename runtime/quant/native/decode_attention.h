@@ -43,7 +43,7 @@ static void row_offsets(const int32_t *pages, int64_t page_size, int64_t lo, int
 #define ATT_PF 16        /* keys ahead whose K or V rows a loop fetches into L2 */
 
 /* Fetch `lines` cache lines from p into L2 (no arithmetic: results unchanged) */
-static inline __attribute__((always_inline)) void att_prefetch(const float *p, int lines)
+static inline __attribute__((always_inline)) void att_prefetch(const void *p, int lines)
 {
     for (int l = 0; l < lines; l++)
         __builtin_prefetch((const char *)p + 64 * l, 0, 2);
@@ -57,140 +57,6 @@ typedef struct {
     int64_t lo, n;
     float *s;
 } aquery;
-
-/* s[t - lo] = dot(q, k_t) for t in [t0, t1) of query a (keys at kc + at[t - base]) */
-static void scores_each(const aquery *a, const float *kc, const int64_t *at, int64_t base,
-                        int64_t t0, int64_t t1, int64_t hd)
-{
-    for (int64_t t = t0; t < t1; t++)
-        a->s[t - a->lo] = dot(a->q, kc + at[t - base], hd);
-}
-
-/* The scores of m queries over keys [c0, c1), every query's range holding them, VL keys at a
- * time: each query's VL partial vectors (dot()'s fmas) reduced together by vf_sum_block.
- * Keys past the last whole block: dot() each. hd: a multiple of VL. */
-static void scores_shared(const aquery *a, int m, const float *kc, const int64_t *at,
-                          int64_t base, int64_t c0, int64_t c1, int64_t hd)
-{
-    int64_t t = c0;
-    for (; t + VL <= c1; t += VL) {
-        const float *k[VL];
-        for (int j = 0; j < VL; j++)
-            k[j] = kc + at[t + j - base];
-        if (t + ATT_PF + VL <= c1)
-            for (int j = 0; j < VL; j++)
-                att_prefetch(kc + at[t + ATT_PF + j - base], (int)(hd / 16));
-        for (int i = 0; i < m; i++) {
-            vf p[VL];
-            for (int j = 0; j < VL; j++)
-                p[j] = vf_zero();
-            for (int64_t d = 0; d < hd; d += VL) {
-                const vf qv = vf_load(a[i].q + d);
-                for (int j = 0; j < VL; j++)
-                    p[j] = vf_fmadd(qv, vf_load(k[j] + d), p[j]);
-            }
-            vf_store(a[i].s + (t - a[i].lo), vf_sum_block(p));
-        }
-    }
-    for (int i = 0; i < m; i++)
-        scores_each(a + i, kc, at, base, t, c1, hd);
-}
-
-/* out += sum over t in [t0, t1) of p[t] v_t for one query, lanes [c, c + nv VL) (nv <= 4),
- * fma by fma in ascending t */
-static inline __attribute__((always_inline)) void
-values_each_nv(const aquery *a, const float *vc, const int64_t *at, int64_t base, int64_t t0,
-               int64_t t1, int64_t c, const int nv)
-{
-    vf acc[4];
-    for (int e = 0; e < nv; e++)
-        acc[e] = vf_load(a->out + c + e * VL);
-    for (int64_t t = t0; t < t1; t++) {
-        const vf p = vf_set1(a->s[t - a->lo]);
-        const float *v = vc + at[t - base] + c;
-        for (int e = 0; e < nv; e++)
-            acc[e] = vf_fmadd(p, vf_load(v + e * VL), acc[e]);
-    }
-    for (int e = 0; e < nv; e++)
-        vf_store(a->out + c + e * VL, acc[e]);
-}
-
-/* The same for m <= ATT_QG queries over keys [t0, t1) that all of them see: v_t's lanes loaded
- * once for the m */
-static inline __attribute__((always_inline)) void
-values_group(const aquery *a, const int m, const float *vc, const int64_t *at, int64_t base,
-             int64_t t0, int64_t t1, int64_t c, const int nv)
-{
-    vf acc[ATT_QG][4];
-    for (int i = 0; i < m; i++)
-        for (int e = 0; e < nv; e++)
-            acc[i][e] = vf_load(a[i].out + c + e * VL);
-    for (int64_t t = t0; t < t1; t++) {
-        if (t + ATT_PF < t1)
-            att_prefetch(vc + at[t + ATT_PF - base] + c, nv * VL / 16);
-        const float *v = vc + at[t - base] + c;
-        vf vv[4];
-        for (int e = 0; e < nv; e++)
-            vv[e] = vf_load(v + e * VL);
-        for (int i = 0; i < m; i++) {
-            const vf p = vf_set1(a[i].s[t - a[i].lo]);
-            for (int e = 0; e < nv; e++)
-                acc[i][e] = vf_fmadd(p, vv[e], acc[i][e]);
-        }
-    }
-    for (int i = 0; i < m; i++)
-        for (int e = 0; e < nv; e++)
-            vf_store(a[i].out + c + e * VL, acc[i][e]);
-}
-
-_Static_assert(ATT_QG == 4 || ATT_QG == 2, "values_shared spells out 1..ATT_QG queries");
-
-/* values_group for m queries, ATT_QG at a time (constants where inlined) */
-static inline __attribute__((always_inline)) void
-values_shared_nv(const aquery *a, int m, const float *vc, const int64_t *at, int64_t base,
-                 int64_t t0, int64_t t1, int64_t c, const int nv)
-{
-    for (int i = 0; i < m; i += ATT_QG) {
-        const int g = m - i < ATT_QG ? m - i : ATT_QG;
-        if (g == 1)
-            values_group(a + i, 1, vc, at, base, t0, t1, c, nv);
-        else if (g == 2)
-            values_group(a + i, 2, vc, at, base, t0, t1, c, nv);
-#if VL == 16
-        else if (g == 3)
-            values_group(a + i, 3, vc, at, base, t0, t1, c, nv);
-        else
-            values_group(a + i, 4, vc, at, base, t0, t1, c, nv);
-#endif
-    }
-}
-
-/* Lanes [c, c + nv VL) of the m queries' outputs: each query's keys before the shared ones
- * [c0, c1), the shared ones together, then each query's after them; nv a constant where
- * inlined (the accumulators stay in registers) */
-static inline __attribute__((always_inline)) void
-values_lanes(const aquery *a, int m, const float *vc, const int64_t *at, int64_t base,
-             int64_t c0, int64_t c1, int64_t c, const int nv)
-{
-    for (int i = 0; i < m; i++)
-        values_each_nv(a + i, vc, at, base, a[i].lo, c0 < a[i].n ? c0 : a[i].n, c, nv);
-    values_shared_nv(a, m, vc, at, base, c0, c1, c, nv);
-    for (int i = 0; i < m; i++)
-        values_each_nv(a + i, vc, at, base, c1 > a[i].lo ? c1 : a[i].lo, a[i].n, c, nv);
-}
-
-static void values_lanes_any(const aquery *a, int m, const float *vc, const int64_t *at,
-                             int64_t base, int64_t c0, int64_t c1, int64_t c, int nv)
-{
-    if (nv == 4)
-        values_lanes(a, m, vc, at, base, c0, c1, c, 4);
-    else if (nv == 3)
-        values_lanes(a, m, vc, at, base, c0, c1, c, 3);
-    else if (nv == 2)
-        values_lanes(a, m, vc, at, base, c0, c1, c, 2);
-    else
-        values_lanes(a, m, vc, at, base, c0, c1, c, 1);
-}
 
 /* Query a's scores in place: capped (cap * tanh(s * scale / cap)) where the model says so,
  * then p = softmax(scale * s) with the lse after them (agl_softmax_lse_row); its output
@@ -206,60 +72,6 @@ static void probabilities(const agl_dims *dm, aquery *a)
         agl_softmax_lse_row(a->s, n, dm->scale, a->s + n);
     }
     memset(a->out, 0, sizeof(float) * (size_t)dm->hd);
-}
-
-/* One query alone (heads whose dims are not a multiple of VL; at: its own keys'): dot() a
- * key, then the weights' fmas in ascending t (axpy's, then the scalar tail) */
-static void attend_one(const agl_dims *dm, const float *kc, const float *vc, const int64_t *at,
-                       aquery *a)
-{
-    scores_each(a, kc, at, a->lo, a->lo, a->n, dm->hd);
-    probabilities(dm, a);
-    for (int64_t t = 0; t < a->n - a->lo; t++)
-        axpy(a->out, a->s[t], vc + at[t], dm->hd);
-}
-
-/* The m queries together (hd a multiple of VL): each query's own keys one by one, the keys
- * all of them see [c0, c1) VL at a time, then the values 4 VL lanes at a time */
-static void attend_grouped(const agl_dims *dm, const float *kc, const float *vc,
-                           const int64_t *at, int64_t base, aquery *a, int m)
-{
-    const int64_t hd = dm->hd, c0 = a[m - 1].lo, c1 = a[0].n > c0 ? a[0].n : c0;
-    for (int i = 0; i < m; i++) {
-        scores_each(a + i, kc, at, base, a[i].lo, c0 < a[i].n ? c0 : a[i].n, hd);
-        scores_each(a + i, kc, at, base, c1 > a[i].lo ? c1 : a[i].lo, a[i].n, hd);
-    }
-    scores_shared(a, m, kc, at, base, c0, c1, hd);
-    for (int i = 0; i < m; i++)
-        probabilities(dm, a + i);
-    for (int64_t c = 0; c < hd; c += 4 * VL)
-        values_lanes_any(a, m, vc, at, base, c0, c1, c,
-                         (int)((hd - c < 4 * VL ? hd - c : 4 * VL) / VL));
-}
-
-/* The m queries of a task (ascending lo and n: consecutive rows of a run, a row's heads
- * together), all reading KV head kvh of `table`'s pages. 0, or -1 without memory. */
-static int attend_task(const agl_dims *dm, const agl_layer *L, const agl_batch *bt,
-                       const int32_t *table, int64_t kvh, aquery *a, int m)
-{
-    const int64_t hd = dm->hd, base = a[0].lo, top = a[m - 1].n;
-    float *s = malloc(sizeof(float) * (size_t)(m * (top - base + 1)));
-    int64_t *at = malloc(sizeof(int64_t) * (size_t)(top - base));
-    if (s && at) {
-        for (int i = 0; i < m; i++)
-            a[i].s = s + i * (top - base + 1);
-        row_offsets(table, bt->page_size, base, top, dm->nkv * hd, at);
-        const float *kc = L->k_cache + kvh * hd, *vc = L->v_cache + kvh * hd;
-        if (hd % VL)
-            for (int i = 0; i < m; i++)
-                attend_one(dm, kc, vc, at + (a[i].lo - base), a + i);
-        else
-            attend_grouped(dm, kc, vc, at, base, a, m);
-    }
-    const int rc = s && at ? 0 : -1;
-    free(s);
-    free(at);
-    return rc;
 }
 
 /* 1 where row r reads the keys row r - 1 reads and one more: seq_lens one more, the same
@@ -291,6 +103,35 @@ static void task_queries(const agl_dims *dm, const agl_layer *L, const agl_batch
                         L->window && n > L->window ? n - L->window : 0, n, NULL};
     }
 }
+
+/* ptask (attention_phases.h): a task of a step attended in phases */
+typedef struct {
+    aquery a[ATT_QC];
+    int m;
+    const void *kc, *vc;    /* its KV head's first K and V element (the pool's type) */
+    const int64_t *at;      /* its run's offsets, from position base */
+    int64_t base;
+} ptask;
+
+/* The K/V readers for a float32 pool, then for a bfloat16 one (attention_kv.h) */
+#define KVT float
+#define KV(name) name##_f32
+#define KV_LOAD(p) vf_load(p)
+#define KV_F(x) (x)
+#include "attention_kv.h"
+#undef KVT
+#undef KV
+#undef KV_LOAD
+#undef KV_F
+#define KVT uint16_t
+#define KV(name) name##_bf16
+#define KV_LOAD(p) vf_load_bf16(p)
+#define KV_F(x) bf16_f(x)
+#include "attention_kv.h"
+#undef KVT
+#undef KV
+#undef KV_LOAD
+#undef KV_F
 
 #include "attention_phases.h"     /* needs the task structs above */
 
@@ -346,7 +187,8 @@ static int decode_attention(const agl_dims *dm, const agl_layer *L, const agl_ba
         const int m = (int)(tk->j1 - tk->j0);
         task_queries(dm, L, bt, qkv, wq, att, tk, a);
         const int64_t last = tk->r0 + (tk->j1 - 1) / G;       /* its table covers them all */
-        fail |= attend_task(dm, L, bt, table + last * bt->max_pages, tk->kvh, a, m);
+        fail |= (L->kv_bf16 ? attend_task_bf16 : attend_task_f32)(
+            dm, L, bt, table + last * bt->max_pages, tk->kvh, a, m);
     }
     free(tasks);
     return fail ? -1 : 0;

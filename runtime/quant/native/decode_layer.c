@@ -1,7 +1,7 @@
 /* One decoder layer of a step, whole: a decode (one new token per sequence), a verify or a
  * prefill chunk (several: a row each, row j of a sequence attending to its first prefix + j + 1
  * keys, a decode's arithmetic), for a Llama-family model whose linears are quantized blocks
- * (the build's qmatmul.c) and whose KV pool is float32:
+ * (the build's qmatmul.c) and whose KV pool is float32 or bfloat16 (agl_layer's kv_bf16):
  *
  *   x += o_proj(attention(rope(qkv_proj(rmsnorm(x)))))      (K/V of the new token stored first)
  *   x += down_proj(silu(gate) * up),  [gate, up] = gate_up_proj(rmsnorm(x))
@@ -41,11 +41,14 @@ typedef struct {
 typedef struct {
     const float *attn_norm, *ffn_norm;      /* [hidden] */
     agl_qweight qkv, o, gate_up, down;
-    float *k_cache, *v_cache;               /* this layer's pool: [pages * page_size, nkv, hd] */
+    void *k_cache, *v_cache;                /* this layer's pool: [pages * page_size, nkv, hd],
+                                             * float32, or bfloat16 bits with kv_bf16 */
     const float *q_norm, *k_norm;           /* [hd] each, or NULL: no q/k norms */
     const float *post_attn_norm, *post_ffn_norm;   /* [hidden] each (Gemma), or NULL */
     int64_t window;                         /* keys a query sees, its last ones; 0: all */
     int64_t local_rope;                     /* 1: the batch's lcos / lssin (a sliding layer) */
+    int64_t kv_bf16;                        /* 1: the pool stores K/V as bfloat16 (each new
+                                             * row rounded to nearest even as it is stored) */
 } agl_layer;
 
 typedef struct {
@@ -140,10 +143,16 @@ int agl_decode_layer(const agl_dims *dm, const agl_layer *L, const agl_batch *bt
         rope(r, dm->nh + dm->nkv, hd, dm->rd, (local ? bt->lcos : bt->cos) + b * dm->rd,
              (local ? bt->lssin : bt->ssin) + b * dm->rd);
         const int64_t slot = (L->window && bt->wslots ? bt->wslots : bt->slots)[b];
-        float *kd = L->k_cache + slot * nk, *vd = L->v_cache + slot * nk;
-        for (int64_t i = 0; i < nk; i++) {
-            kd[i] = r[nq + i];
-            vd[i] = r[nq + nk + i];
+        if (L->kv_bf16) {
+            uint16_t *kd = (uint16_t *)L->k_cache + slot * nk, *vd = (uint16_t *)L->v_cache + slot * nk;
+            for (int64_t i = 0; i < nk; i++) {
+                kd[i] = f_bf16(r[nq + i]);
+                vd[i] = f_bf16(r[nq + nk + i]);
+            }
+        } else {
+            float *kd = (float *)L->k_cache + slot * nk, *vd = (float *)L->v_cache + slot * nk;
+            memcpy(kd, r + nq, sizeof(float) * (size_t)nk);
+            memcpy(vd, r + nq + nk, sizeof(float) * (size_t)nk);
         }
     }
     fail = decode_attention(dm, L, bt, qkv, wq, att, nthreads);
