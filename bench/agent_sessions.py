@@ -196,14 +196,15 @@ def summarize(agents: list[dict], wall: float) -> dict:
 
 
 def start_agentlang(tokens: int, args, policy: str = "lpm") -> object:
-    bytes_per_token = 2 * 3 * 64 * 30 * (4 if args.dtype == "float32" else 2)   # SmolLM2-135M
+    wide = args.dtype == "float32" and args.kv_dtype == "auto"
+    bytes_per_token = 2 * 3 * 64 * 30 * (4 if wide else 2)                     # SmolLM2-135M
     mb = tokens * bytes_per_token / 2**20
     port = free_port()
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
            "--dtype", args.dtype, "--weights", args.weights, "--kv-budget-mb", f"{mb:.3f}",
            "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning",
            "--session-max-fraction", str(args.session_max_fraction),
-           "--schedule-policy", policy]
+           "--schedule-policy", policy, "--kv-dtype", args.kv_dtype]
     if args.row_cost is not None:
         cmd += ["--speculative-row-cost", str(args.row_cost)]
     return launch(f"agentlang ({args.dtype}, {args.weights})", cmd, port, "default", cwd=ROOT)
@@ -233,6 +234,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fractions", type=float, nargs="*", default=[0.5, 0.25])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16"],
+                    help="agentlang's KV storage (bfloat16: a float32 model's K/V in bf16; the "
+                    "pool keeps the same number of tokens)")
     ap.add_argument("--weights", default="auto", choices=["auto", "dense", "int8"],
                     help="agentlang's weights (int8: W8A8, a lower precision than vLLM's bf16)")
     ap.add_argument("--peers", nargs="*", default=[], choices=["vllm"])

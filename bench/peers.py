@@ -101,15 +101,18 @@ def launch(name: str, cmd: list[str], port: int, model: str, env: dict | None = 
 
 
 def start_agentlang(dtype: str, weights: str, args, bf16_gemm_rows: int | None = None) -> Server:
-    """``agentlang serve`` with ``args.kv_budget_mb`` of KV (and ``--bf16-gemm-rows`` when
-    given)."""
+    """``agentlang serve`` with ``args.kv_budget_mb`` of KV stored as ``args.kv_dtype`` (default
+    auto: the model's dtype; and ``--bf16-gemm-rows`` when given)."""
     port = free_port()
     cmd = [sys.executable, "-m", "agentlang.runtime.server", "--port", str(port),
            "--dtype", dtype, "--weights", weights, "--kv-budget-mb", str(args.kv_budget_mb),
            "--max-batch-tokens", "2048", "--max-running", "64", "--log-level", "warning"]
     if bf16_gemm_rows is not None:
         cmd += ["--bf16-gemm-rows", str(bf16_gemm_rows)]
-    return launch(f"agentlang ({dtype}, {weights})", cmd, port, "default", cwd=ROOT)
+    kv = getattr(args, "kv_dtype", "auto")
+    cmd += ["--kv-dtype", kv]
+    return launch(f"agentlang ({dtype}, {weights}" + (f", KV {kv})" if kv != "auto" else ")"),
+                  cmd, port, "default", cwd=ROOT)
 
 
 def vllm_model_dir() -> Path:
@@ -332,6 +335,8 @@ def main() -> None:
                     help="single: also decode after a prompt this long (0: not measured)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kv-budget-mb", type=float, default=1024)
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16"],
+                    help="agentlang's KV storage (bfloat16: a float32 model's K/V in bf16)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="agentlang's compute dtype (llama-server runs the GGUF)")
     ap.add_argument("--weights", nargs="+", default=["auto"], choices=["auto", "dense", "int8"],

@@ -174,7 +174,8 @@ def versus_vllm(args, depth: int, questions: list[str]) -> dict:
     if not VLLM_PY.exists():
         sys.exit("vLLM is not installed: run bench/install_peers.sh vllm first")
     cases = fixed_cases(depth, questions)
-    conf = SimpleNamespace(kv_budget_mb=1024, vllm_dtype=args.vllm_dtype, vllm_kv_gib=4)
+    conf = SimpleNamespace(kv_budget_mb=1024, vllm_dtype=args.vllm_dtype, vllm_kv_gib=4,
+                           kv_dtype=args.kv_dtype)
     sides = {}
     template = None
     for side in ("agentlang", "vllm"):
@@ -217,8 +218,9 @@ def versus_vllm(args, depth: int, questions: list[str]) -> dict:
         print(f"{name:16s} agentlang {a['wall_s']:6.2f}s  vLLM {v['wall_s']:6.2f}s  "
               f"→ {v['wall_s'] / a['wall_s']:4.2f}× vLLM's speed", flush=True)
     return {"runs": runs, "settings": {
-        "agentlang": f"agentlang serve --dtype {args.dtype} --weights {args.weights}, "
-                     "RuntimeEndpoint", "vllm": f"vLLM CPU 0.32.0, {args.vllm_dtype}, prefix caching, "
+        "agentlang": f"agentlang serve --dtype {args.dtype} --weights {args.weights} "
+                     f"--kv-dtype {args.kv_dtype}, RuntimeEndpoint",
+        "vllm": f"vLLM CPU 0.32.0, {args.vllm_dtype}, prefix caching, "
                      "64 seqs, 2048 batched tokens, both cores bound, KV 4 GiB; "
                      "al.OpenAI(api='completions', extended_sampling=True)"}}
 
@@ -234,6 +236,9 @@ def main() -> None:
     ap.add_argument("--weights", default="dense", choices=("dense", "auto"),
                     help="agentlang serve's weights with --vs vllm")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds a side (--vs vllm)")
+    ap.add_argument("--kv-dtype", default="auto", choices=("auto", "bfloat16"),
+                    help="agentlang serve's KV storage with --vs vllm (bfloat16: a float32 "
+                    "model's K/V in bf16)")
     ap.add_argument("--vllm-dtype", default="bfloat16", choices=("float32", "bfloat16"),
                     help="vLLM's dtype (--vs vllm; default bf16, its fastest on CPU)")
     ap.add_argument("--out", help="JSON output (default: bench/results/programs.json, "
