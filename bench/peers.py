@@ -198,8 +198,10 @@ def single(server: Server, tok, new_tokens: int, prefill_tokens: int, rounds: in
         def decode_after(prompt: list[int], n: int) -> float:
             """the n - 1 tokens after the first, a second (``ignore_eos``: exactly n; a chunk
             may carry several)"""
-            first = None
-            with c.stream("POST", "/v1/completions", json=body(prompt, n, True)) as r:
+            first = None     # on a connection of its own: llama-server (0.3.36's) exits when
+            # a request follows a finished stream at once on the same keep-alive connection
+            with httpx.Client(base_url=server.url, timeout=3600) as sc, \
+                    sc.stream("POST", "/v1/completions", json=body(prompt, n, True)) as r:
                 r.raise_for_status()
                 for line in r.iter_lines():
                     if first is None and line.startswith("data: {") and \
