@@ -116,7 +116,7 @@ class Engine:
         self.processor.on_group_finish = self.sessions.finished
         self.core = StepCore(self.scheduler, self.processor, self.tracker, self.allocator,
                              self.cache, self.runner, self.step_loop.take_arrivals,
-                             self.sessions)
+                             self.sessions, self.step_loop.pending)
         release_thread_pool()     # the loader's OpenMP workers: the stepping thread owns its own
 
     # ---- public API ---------------------------------------------------------------------

@@ -24,6 +24,7 @@ greedy outputs do not change. The paused step's requests advance when it finishe
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
 
 import torch
@@ -33,30 +34,42 @@ from agentlang.runtime.scheduler.scheduled import ScheduledItem
 from agentlang.runtime.scheduler.scheduler import Scheduler
 
 
+class BetweenLayers:
+    """A step's ``between_layers`` hook; ``pending`` (a ``ctypes.c_int32``, or None) is nonzero
+    while arrivals wait: a model that runs its layers natively in one call stops between two
+    of them only then (calling the hook with none would do nothing)."""
+
+    def __init__(self, breaks: LayerBreaks, in_flight: list, pending: ctypes.c_int32 | None):
+        self.breaks = breaks
+        self.in_flight = in_flight
+        self.pending = pending
+
+    def __call__(self) -> None:
+        b = self.breaks
+        if not b.take_arrivals():
+            return
+        work = b.scheduler.admit_between_layers(self.in_flight)
+        if work:
+            b.steps += 1
+            b.processor.process(work, b.run(work))
+
+
 class LayerBreaks:
     """Builds the ``between_layers`` hook of a step. ``take_arrivals()`` runs the queued
-    submissions and says whether there were any; ``run(items)`` computes a step's logits
-    (without breaks of its own)."""
+    submissions and says whether there were any (``pending``: the flag set while some wait,
+    or None); ``run(items)`` computes a step's logits (without breaks of its own)."""
 
     def __init__(self, scheduler: Scheduler, processor: OutputProcessor,
                  take_arrivals: Callable[[], bool],
-                 run: Callable[[Sequence[ScheduledItem]], torch.Tensor]):
+                 run: Callable[[Sequence[ScheduledItem]], torch.Tensor],
+                 pending: ctypes.c_int32 | None = None):
         self.scheduler = scheduler
         self.processor = processor
         self.take_arrivals = take_arrivals
         self.run = run
+        self.pending = pending
         self.steps = 0           # break steps run (``agentlang_layer_break_steps_total``)
 
-    def hook(self, items: Sequence[ScheduledItem]) -> Callable[[], None]:
+    def hook(self, items: Sequence[ScheduledItem]) -> BetweenLayers:
         """The hook for the step of ``items`` (call before its forward)."""
-        in_flight = [it.req for it in items]
-
-        def between_layers() -> None:
-            if not self.take_arrivals():
-                return
-            work = self.scheduler.admit_between_layers(in_flight)
-            if work:
-                self.steps += 1
-                self.processor.process(work, self.run(work))
-
-        return between_layers
+        return BetweenLayers(self, [it.req for it in items], self.pending)

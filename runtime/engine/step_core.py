@@ -11,6 +11,7 @@ the step lock (never mid-step).
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -44,11 +45,13 @@ class Runner(Protocol):
 
 class StepCore:
     """``take_arrivals()`` runs the submissions queued since and says whether there were any
-    (the layer breaks take them mid-step); ``sessions`` (if any) ticks at each step."""
+    (the layer breaks take them mid-step; ``pending``: the flag set while some wait, which a
+    native step polls between its layers); ``sessions`` (if any) ticks at each step."""
 
     def __init__(self, scheduler: Scheduler, processor: OutputProcessor, tracker: RequestTracker,
                  allocator: PageAllocator, cache: RadixCache, runner: Runner,
-                 take_arrivals: Callable[[], bool], sessions: EngineSessions | None = None):
+                 take_arrivals: Callable[[], bool], sessions: EngineSessions | None = None,
+                 pending: ctypes.c_int32 | None = None):
         self.sessions = sessions
         self.scheduler = scheduler
         self.processor = processor
@@ -56,7 +59,7 @@ class StepCore:
         self.allocator = allocator
         self.cache = cache
         self.runner = runner
-        self.breaks = LayerBreaks(scheduler, processor, take_arrivals, runner.run)
+        self.breaks = LayerBreaks(scheduler, processor, take_arrivals, runner.run, pending)
         self.peak_pages_used = 0
 
     def step(self) -> bool:

@@ -19,6 +19,7 @@ ones and run unthrottled (two pools on two cores halved the step).
 from __future__ import annotations
 
 import atexit
+import ctypes
 import queue
 import threading
 import weakref
@@ -37,6 +38,9 @@ class StepLoop:
         self.lock = threading.RLock()      # held for a whole step
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._arrivals: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # nonzero while arrivals wait: the native layers poll it between layers (one call a
+        # step, runtime/models/decode_layer.py) and stop only then to let them be taken
+        self.pending = ctypes.c_int32(0)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -50,6 +54,8 @@ class StepLoop:
         """Queue ``change`` for the stepping thread (runs at the start of the next step, or
         between layers of the step in flight if ``arrival``: it must only queue a request)."""
         (self._arrivals if arrival else self._inbox).put(change)
+        if arrival:
+            self.pending.value = 1
         self._wake.set()
 
     def drain(self) -> None:
@@ -63,6 +69,7 @@ class StepLoop:
         """Run the queued submissions only; whether there were any. Safe mid-step (on the
         stepping thread): they add requests to the waiting queue and touch nothing running."""
         took = False
+        self.pending.value = 0          # before the queue: a later arrival sets it again
         while not self._arrivals.empty():
             self._arrivals.get()()
             took = True

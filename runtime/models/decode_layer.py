@@ -2,8 +2,11 @@
 
 At batch 1 a decode step of a small quantized model is ~45 small torch ops per layer (norms,
 matmuls, RoPE, the KV store, attention, residuals); each costs a few µs of dispatch, more than
-the arithmetic. :class:`NativeDecoder` runs a whole layer of a decode step in one C call
-instead, with the same arithmetic in float32 (see the C file).
+the arithmetic. :class:`NativeDecoder` runs every layer of a step in one C call instead
+(``agl_decode_layers``), with the same arithmetic in float32 (see the C file). It returns
+between two layers only while the engine has an arrival pending (the step's layer-break hook
+then runs, and the call resumes): a call a layer cost ~20 µs of Python each (the pool's
+pointers, the interpreter lock taken back), ~0.6 ms of a ~5 ms one-row step.
 
 It serves a step when (:meth:`NativeDecoder.serves`): every sequence appends at most
 :data:`MAX_ROWS` tokens (a decode, a speculative or jump-forward verify, a prefill chunk of
@@ -27,6 +30,7 @@ GGUF loader when every layer's linears are
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 
@@ -82,7 +86,7 @@ class NativeDecoder:
                          cfg.intermediate_size, cfg.rms_norm_eps,
                          cfg.attn_scale or cfg.head_dim ** -0.5, cfg.rope_dim,
                          cfg.attn_softcap, int(cfg.hidden_act == "gelu_tanh"))
-        self.layers = []
+        layers = []
         self.keep = []                     # the tensors the structs point into
         self.linear = model.layers[0].self_attn.qkv_proj   # its bf16_gemm_rows: the engine's
         local = int(model.local_rope is not None)
@@ -101,13 +105,16 @@ class NativeDecoder:
             ptrs = [t.data_ptr() for t in norms]
             qk_ptrs = ptrs[2:2 + len(qk)] or [None, None]
             post_ptrs = ptrs[2 + len(qk):] or [None, None]
-            self.layers.append(Layer(ptrs[0], ptrs[1], *(lin.qweight for lin in lins), None,
-                                     None, *qk_ptrs, *post_ptrs, attn.window,
-                                     local if attn.window else 0))
-        self._fn = lib.lib.agl_decode_layer
+            layers.append(Layer(ptrs[0], ptrs[1], *(lin.qweight for lin in lins), None,
+                                None, *qk_ptrs, *post_ptrs, attn.window,
+                                local if attn.window else 0))
+        self.layers = (Layer * len(layers))(*layers)   # one array: agl_decode_layers walks it
+        self._pool: KVPool | None = None   # the pool the layers' K/V pointers are set for
+        self._fn = lib.lib.agl_decode_layers
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [ctypes.POINTER(Dims), ctypes.POINTER(Layer), ctypes.POINTER(Batch),
-                             ctypes.c_void_p, ctypes.c_int]
+        self._fn.argtypes = [ctypes.POINTER(Dims), ctypes.POINTER(Layer), ctypes.c_int64,
+                             ctypes.c_int64, ctypes.POINTER(Batch), ctypes.c_void_p,
+                             ctypes.POINTER(ctypes.c_int32), ctypes.c_int]
 
     @staticmethod
     def eligible(model: torch.nn.Module, dtype: torch.dtype) -> bool:
@@ -144,18 +151,35 @@ class NativeDecoder:
              local: tuple[torch.Tensor, torch.Tensor] | None = None) -> "NativeStep":
         """The per-step arguments (built once, shared by every layer); ``local``: the sliding
         layers' RoPE rotation when it differs (Gemma 3)."""
+        if pool is not self._pool:          # a pool's buffers never move: pointers set once
+            bf16 = pool.layout.storage_dtype == torch.bfloat16
+            for i, L in enumerate(self.layers):
+                L.k_cache, L.v_cache = pool.k_cache(i).data_ptr(), pool.v_cache(i).data_ptr()
+                L.kv_bf16 = bf16
+            self._pool = pool
         return batch.cached("native.decode", lambda: NativeStep(batch, rope, local, pool))
 
-    def layer(self, i: int, x: torch.Tensor, step: "NativeStep", pool: KVPool) -> torch.Tensor:
-        """Layer ``i`` on x: float32 ``[B, hidden]`` (updated in place and returned)."""
-        L = self.layers[i]
-        L.k_cache, L.v_cache = pool.k_cache(i).data_ptr(), pool.v_cache(i).data_ptr()
-        L.kv_bf16 = pool.layout.storage_dtype == torch.bfloat16
-        if not x.is_contiguous():
-            x = x.contiguous()
-        if self._fn(ctypes.byref(self.dims), ctypes.byref(L), ctypes.byref(step.args),
-                    x.data_ptr(), torch.get_num_threads()) != 0:
-            raise MemoryError(f"native decode layer {i}: out of memory for {x.shape[0]} rows")
+    def run(self, x: torch.Tensor, step: "NativeStep",
+            between_layers: Callable[[], None] | None = None) -> torch.Tensor:
+        """Every layer on x: float32 ``[B, hidden]`` (updated in place and returned), in one
+        native call. ``between_layers`` (if given) runs between two layers when its
+        ``pending`` flag (a ``ctypes.c_int32``, :class:`~agentlang.runtime.engine.layer_break.BetweenLayers`)
+        is set, the call then resuming with the next layer; without such a flag, after every
+        layer but the last."""
+        x = x.contiguous()
+        n = len(self.layers)
+        pending = getattr(between_layers, "pending", None)
+        stop = None if between_layers is None else (
+            ctypes.pointer(pending) if pending is not None else ctypes.pointer(ctypes.c_int32(1)))
+        i = 0
+        while i < n:
+            j = self._fn(ctypes.byref(self.dims), self.layers, i, n, ctypes.byref(step.args),
+                         x.data_ptr(), stop, torch.get_num_threads())
+            if j < 0:
+                raise MemoryError(f"native decode layers: out of memory for {x.shape[0]} rows")
+            if j < n:
+                between_layers()
+            i = j
         return x
 
 

@@ -197,9 +197,10 @@ class LlamaModel(nn.Module):
         native = self.native_decoder
         step = native.step(batch, pool, rope, None if local is rope else local) \
             if native is not None and native.serves(batch, pool, backend) else None   # layers in C
-        for i, layer in enumerate(self.layers):
-            x = layer(x, batch, local if layer.self_attn.window else rope, pool, backend) \
-                if step is None else native.layer(i, x, step, pool)
+        if step is not None:                                    # every layer in one call
+            x = native.run(x, step, between_layers)
+        for i, layer in enumerate(self.layers if step is None else ()):
+            x = layer(x, batch, local if layer.self_attn.window else rope, pool, backend)
             if between_layers is not None and i < last:
                 between_layers()
         x = self.norm(x[batch.logits_indices])                  # [N, hidden]

@@ -120,3 +120,43 @@ def test_label_overflow_goes_to_other(model_path):
     stats = eng.agent_stats.snapshot()
     assert sorted(stats) == ["agent0", "agent1", "other"]
     assert stats["other"]["requests"] == 2
+
+
+def test_high_arrivals_between_native_layers_keep_outputs_and_pages(prompt_ids):
+    """The same on the embedded GGUF, whose steps run every layer in one native call: the
+    call stops between two layers only when an arrival is pending, the high requests are
+    served there, and every output is what the request gives alone."""
+    from agentlang.runtime.weights.model_loader import resolve_model
+
+    eng = Engine(resolve_model("default", "auto").path, weights="auto", page_size=16,
+                 kv_budget_mb=64, max_running=2)
+    assert eng.model.native_decoder is not None
+    eng.start_background_loop()
+    try:
+        lows, his = prompt_ids[:2], prompt_ids[2:7]
+        outs: list = []
+        worker = threading.Thread(target=lambda: outs.extend(
+            eng.generate(lows, greedy(priority=0))))
+        worker.start()
+        deadline = time.monotonic() + 120
+        while eng.metrics()["generated_tokens"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        served = []
+        for p in his:
+            if eng.metrics()["layer_break_steps"] >= 2 or not worker.is_alive():
+                break
+            time.sleep(0.005)
+            served.append((p, eng.generate(p, greedy(4, priority=3))))
+        worker.join(300)
+        assert eng.metrics()["layer_break_steps"] >= 1
+        assert eng.metrics()["preemptions"] == 0
+        eng.flush_cache()
+        for p, o in served:
+            assert o.outputs[0].token_ids == eng.generate(p, greedy(4)).outputs[0].token_ids
+        for p, o in zip(lows, outs):
+            assert o.outputs[0].token_ids == eng.generate(p, greedy()).outputs[0].token_ids
+    finally:
+        eng.shutdown()
+    eng.flush_cache()
+    assert eng.allocator.num_free == eng.allocator.num_pages
+    eng.cache.check_integrity()

@@ -279,3 +279,42 @@ def test_qk_norms_and_partial_rotary_run_natively(tmp_path, tokenizer_fields, li
     slow = decode(model, pool, tables, PROMPTS, [11, 12, 13], native=False)
     assert ((fast - slow).norm() / slow.norm()).item() < 1e-4
     assert torch.equal(fast.argmax(-1), slow.argmax(-1))
+
+
+def test_the_layers_run_in_one_call_and_stop_only_for_a_pending_arrival(tmp_path,
+                                                                        tokenizer_fields, lib):
+    """A native step runs every layer in one call; it stops between two layers only while the
+    hook's ``pending`` flag is set (the engine's arrivals, ``layer_break.BetweenLayers``), and
+    after every layer for a hook without one. The hidden states are the same either way."""
+    import ctypes
+
+    path = write_gguf(tmp_path / "m.gguf", tokenizer_fields, "Q4_1")
+    model = load_gguf_model(path, "auto", torch.float32)
+    n = model.config.num_layers                         # 2: one point between layers
+
+    class Hook:
+        def __init__(self, pending, set_again=0):
+            self.pending, self.calls, self.again = pending, 0, set_again
+
+        def __call__(self):
+            self.calls += 1
+            if getattr(self, "pending", None) is not None:
+                self.pending.value = 1 if self.calls <= self.again else 0   # taken
+
+    def run(hook):
+        pool, tables = setup(model, PROMPTS)
+        batch = build_forward_batch([[11], [12], [13]], [len(p) for p in PROMPTS], tables, PS)
+        x = model.embed_tokens(batch.input_ids)
+        step = model.native_decoder.step(batch, pool, model.rope.cos_sin(batch.positions, x.dtype))
+        return model.native_decoder.run(x.clone(), step, hook)
+
+    ref = run(None)
+    idle = Hook(ctypes.c_int32(0))
+    assert torch.equal(run(idle), ref) and idle.calls == 0
+    once = Hook(ctypes.c_int32(1))                      # an arrival before the first layer
+    assert torch.equal(run(once), ref) and once.calls == 1
+    again = Hook(ctypes.c_int32(1), set_again=1)        # another one during the break:
+    assert torch.equal(run(again), ref) and again.calls == 1      # no break after the last
+    plain = Hook(None)
+    del plain.pending                                   # a hook without the flag
+    assert torch.equal(run(plain), ref) and plain.calls == n - 1

@@ -185,3 +185,21 @@ done:
     free(h); free(qkv); free(att); free(gu); free(act);
     return rc;
 }
+
+/* Layers first..n-1 of a step (L: the model's n layers), one after the other on x. After each
+ * layer but the last, when *pending is nonzero (the engine queued an arrival: the caller
+ * serves it between layers, runtime/engine/layer_break.py), returns the next layer's index;
+ * else n once all ran. pending may be NULL (never stop). -1 without memory. One call a step
+ * instead of one a layer: no interpreter lock to take back between layers. */
+int agl_decode_layers(const agl_dims *dm, const agl_layer *L, int64_t first, int64_t n,
+                      const agl_batch *bt, float *x, const volatile int32_t *pending,
+                      int nthreads)
+{
+    for (int64_t i = first; i < n; i++) {
+        if (agl_decode_layer(dm, L + i, bt, x, nthreads))
+            return -1;
+        if (i + 1 < n && pending && *pending)
+            return (int)(i + 1);
+    }
+    return (int)n;
+}
