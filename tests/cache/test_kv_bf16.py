@@ -6,10 +6,6 @@ next tokens agree with the float32 cache's."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -101,16 +97,6 @@ def test_the_embedded_gguf_on_a_bfloat16_cache(gguf_path):
     for runs in (alone, warm, cut):
         assert [o.token_ids for o in runs] == [o.token_ids for o in batched]
         assert lps(runs) == lps(batched)
-
-
-@pytest.fixture(scope="module")
-def bench():
-    path = Path(__file__).parents[2] / "bench" / "kv_quant.py"
-    spec = importlib.util.spec_from_file_location("kv_quant_bench_bf16", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.slow

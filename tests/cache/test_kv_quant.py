@@ -4,10 +4,6 @@ embedded model (teacher-forced top-1 agreement with the full-precision cache).""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -204,16 +200,6 @@ def test_engine_int8_pool_namespace_and_description(int8_engine):
     from agentlang.runtime.models.packed_linear import packs
     extra = 49152 * 576 if packs(torch.float32) else 0
     assert info["weights_bytes"] == (134515008 + extra) * 4
-
-
-@pytest.fixture(scope="module")
-def bench():
-    path = Path(__file__).parents[2] / "bench" / "kv_quant.py"
-    spec = importlib.util.spec_from_file_location("kv_quant_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.slow

@@ -62,29 +62,42 @@ def test_priority_preemption_keeps_outputs_and_pages(model_path, oracle, prompt_
     eng.cache.check_integrity()
 
 
+def highs_between_layers(eng: Engine, lows: list, his: list) -> tuple[list, list]:
+    """Two low requests decoding on ``eng``'s background loop; high ones (``his``, 4 tokens
+    each) submitted while they do, until two were served between layers. Returns the
+    (prompt, output) pairs served and the lows' outputs; no preemption happened."""
+    eng.start_background_loop()
+    outs: list = []
+    worker = threading.Thread(target=lambda: outs.extend(eng.generate(lows, greedy(priority=0))))
+    worker.start()
+    deadline = time.monotonic() + 120
+    while eng.metrics()["generated_tokens"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    served = []
+    for p in his:            # a submission lands mid-forward almost always: a few suffice
+        if eng.metrics()["layer_break_steps"] >= 2 or not worker.is_alive():
+            break
+        time.sleep(0.02)     # metrics() held the step lock: let the next step start
+        served.append((p, eng.generate(p, greedy(4, priority=3))))
+    worker.join(300)
+    assert eng.metrics()["layer_break_steps"] >= 1
+    assert eng.metrics()["preemptions"] == 0
+    return served, outs
+
+
+def pages_all_back(eng: Engine) -> None:
+    eng.flush_cache()
+    assert eng.allocator.num_free == eng.allocator.num_pages
+    eng.cache.check_integrity()
+
+
 def test_high_arrivals_between_layers_keep_outputs_and_pages(model_path, oracle, prompt_ids):
     """High requests submitted while two low ones decode are served between the layers of
     the step in flight (above max_running, no preemption): every output is the oracle's."""
     eng = Engine(model_path, page_size=16, kv_budget_mb=64, max_running=2)
-    eng.start_background_loop()
+    lows = prompt_ids[:2]
     try:
-        lows, his = prompt_ids[:2], prompt_ids[2:7]
-        outs: list = []
-        worker = threading.Thread(target=lambda: outs.extend(
-            eng.generate(lows, greedy(priority=0))))
-        worker.start()
-        deadline = time.monotonic() + 120
-        while eng.metrics()["generated_tokens"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        served = []
-        for p in his:            # a submission lands mid-forward almost always: a few suffice
-            if eng.metrics()["layer_break_steps"] >= 2 or not worker.is_alive():
-                break
-            time.sleep(0.02)     # metrics() held the step lock: let the next step start
-            served.append((p, eng.generate(p, greedy(4, priority=3))))
-        worker.join(300)
-        assert eng.metrics()["layer_break_steps"] >= 1
-        assert eng.metrics()["preemptions"] == 0
+        served, outs = highs_between_layers(eng, lows, prompt_ids[2:7])
         for p, o in served:
             oracle.assert_same(p, o.outputs[0].token_ids,
                                list(oracle.continuation(tuple(p), 4)), "served between layers")
@@ -93,33 +106,7 @@ def test_high_arrivals_between_layers_keep_outputs_and_pages(model_path, oracle,
                                list(oracle.continuation(tuple(p), N_NEW)), "paused low")
     finally:
         eng.shutdown()
-    eng.flush_cache()
-    assert eng.allocator.num_free == eng.allocator.num_pages
-    eng.cache.check_integrity()
-
-
-def test_priorities_do_not_change_batched_outputs(model_path, oracle, prompt_ids):
-    """All prompts at once, one slot at a time, mixed priorities and a tiny pool: admission
-    order and preemptions change, tokens do not."""
-    eng = Engine(model_path, page_size=4, num_pages=14, max_batch_tokens=256, max_running=3)
-    params = [greedy(16, priority=p) for p in (0, 5, -2, 5, 1, 0, 9, 3)[: len(prompt_ids)]]
-    outs = eng.generate(prompt_ids, params)
-    for p, o in zip(prompt_ids, outs):
-        oracle.assert_same(p, o.outputs[0].token_ids, list(oracle.continuation(tuple(p), 16)),
-                           "mixed priorities")
-    eng.flush_cache()
-    assert eng.allocator.num_free == eng.allocator.num_pages
-    stats = eng.agent_stats.snapshot()
-    assert list(stats) == ["unlabeled"] and stats["unlabeled"]["requests"] == len(prompt_ids)
-
-
-def test_label_overflow_goes_to_other(model_path):
-    eng = Engine(model_path, page_size=16, kv_budget_mb=32, max_agent_labels=2)
-    eng.generate(["a", "b", "c", "d"], [SamplingParams(max_tokens=1, agent=f"agent{i}")
-                                        for i in range(4)])
-    stats = eng.agent_stats.snapshot()
-    assert sorted(stats) == ["agent0", "agent1", "other"]
-    assert stats["other"]["requests"] == 2
+    pages_all_back(eng)
 
 
 def test_high_arrivals_between_native_layers_keep_outputs_and_pages(prompt_ids):
@@ -131,25 +118,9 @@ def test_high_arrivals_between_native_layers_keep_outputs_and_pages(prompt_ids):
     eng = Engine(resolve_model("default", "auto").path, weights="auto", page_size=16,
                  kv_budget_mb=64, max_running=2)
     assert eng.model.native_decoder is not None
-    eng.start_background_loop()
+    lows = prompt_ids[:2]
     try:
-        lows, his = prompt_ids[:2], prompt_ids[2:7]
-        outs: list = []
-        worker = threading.Thread(target=lambda: outs.extend(
-            eng.generate(lows, greedy(priority=0))))
-        worker.start()
-        deadline = time.monotonic() + 120
-        while eng.metrics()["generated_tokens"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        served = []
-        for p in his:
-            if eng.metrics()["layer_break_steps"] >= 2 or not worker.is_alive():
-                break
-            time.sleep(0.005)
-            served.append((p, eng.generate(p, greedy(4, priority=3))))
-        worker.join(300)
-        assert eng.metrics()["layer_break_steps"] >= 1
-        assert eng.metrics()["preemptions"] == 0
+        served, outs = highs_between_layers(eng, lows, prompt_ids[2:7])
         eng.flush_cache()
         for p, o in served:
             assert o.outputs[0].token_ids == eng.generate(p, greedy(4)).outputs[0].token_ids
@@ -157,6 +128,4 @@ def test_high_arrivals_between_native_layers_keep_outputs_and_pages(prompt_ids):
             assert o.outputs[0].token_ids == eng.generate(p, greedy()).outputs[0].token_ids
     finally:
         eng.shutdown()
-    eng.flush_cache()
-    assert eng.allocator.num_free == eng.allocator.num_pages
-    eng.cache.check_integrity()
+    pages_all_back(eng)
