@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+
+def text_decoder(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """``ids -> tokenizer.decode(ids, skip_special_tokens=...)``; for a fast tokenizer without
+    a clean-up pass, its backend's decode, which is what that call runs, without the
+    per-call conversion of the ids in Python (2x less a call: 44 vs 81 µs for 300 ids)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False:
+        return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 class OutputText:
@@ -20,6 +30,7 @@ class OutputText:
         self.stop = list(stop)
         self.include_stop = include_stop
         self.skip_special = skip_special_tokens
+        self._decode = text_decoder(tokenizer, skip_special_tokens)
         self.ids: list[int] = []
         self.text = ""
         self.matched_stop: str | None = None
@@ -31,7 +42,7 @@ class OutputText:
         assert self.matched_stop is None, "append after a stop string matched"
         prev_len = len(self.text)
         self.ids.append(token_id)
-        full = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special)
+        full = self._decode(self.ids)
         self.text = full
         if not self.stop:
             return None
@@ -48,7 +59,7 @@ class OutputText:
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` tokens (jump-forward retokenization rolls back the tail)."""
         self.ids = self.ids[:n]
-        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special)
+        self.text = self._decode(self.ids)
         self.matched_stop = None
         self._sent = min(self._sent, len(self.text))
 
