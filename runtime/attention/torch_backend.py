@@ -58,13 +58,14 @@ def merge_shared(qg, out, lse, pool: KVPool, layer: int, plan: DecodePlan, scale
     ``out`` and ``lse`` contiguous) a run of consecutive shared pages is read as a view of the
     pool and the merge runs in place in one native call (``merge_lse_``; the torch ops and
     the row gathers cost ~8 ms of a 64-row step sharing a 1k-token prefix)."""
+    kc, vc = pool.k_cache(layer), pool.v_cache(layer)
+    views = native is not None and kc.dtype == qg.dtype    # a narrower pool: gathered, widened
     for g in plan.groups:
         length = g.pages.numel() * pool.page_size
-        view = g.first_page is not None and pool.k_cache(layer).dtype == qg.dtype
-        if native is not None and view:     # (a pool storing narrower than q: gathered, widened)
+        if views and g.first_page is not None:
             run = slice(g.first_page, g.first_page + g.pages.numel())
-            kp = pool.k_cache(layer)[run].flatten(0, 1)                  # [n*S, Hkv, D]
-            vp = pool.v_cache(layer)[run].flatten(0, 1)
+            kp = kc[run].flatten(0, 1)                                   # [n*S, Hkv, D]
+            vp = vc[run].flatten(0, 1)
         else:
             kp, vp = kv_of(pool, layer, g.pages, length, qg.dtype)       # [n*S, Hkv, D]
         o2, l2 = attend_shared(qg if g.everyone else qg[g.rows], kp, vp, scale)

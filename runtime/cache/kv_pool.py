@@ -41,9 +41,8 @@ from agentlang.runtime.core.huge_pages import full_on_huge_pages
 class KVLayout:
     """Shape of the KV cache of one model: what one token costs in every layer.
 
-    ``dtype`` is the compute (model) dtype; ``kv_dtype`` the storage format (``"auto"``: the
-    model dtype; ``"bfloat16"``: bfloat16, no scales; ``"int8"``, ``"fp8_e4m3"``,
-    ``"fp8_e5m2"``: one byte per element plus a float16 scale per token and KV head)."""
+    ``dtype`` is the compute (model) dtype; ``kv_dtype`` the storage format (``kv_quant.py``:
+    the model dtype, bfloat16, or a byte an element plus a float16 scale a token and KV head)."""
 
     num_layers: int
     num_kv_heads: int
@@ -285,10 +284,14 @@ class KVPool:
         idx = page_ids.reshape(-1).long()
         shape = (*page_ids.shape, *grp.raw.shape[3:])                       # [..., S, H, D]
         raw = grp.raw[i, which].index_select(0, idx).view(shape)
-        if grp.scales is None:                        # unscaled: widened if stored narrower
-            return raw if raw.dtype == self.layout.dtype else raw.to(self.layout.dtype)
+        if grp.scales is None:
+            return self._widened(raw)
         scale = grp.scales[i, which].index_select(0, idx).view(shape[:-1])
         return dequantize(raw.view(self.layout.storage_dtype), scale, self.layout.dtype)
+
+    def _widened(self, t: torch.Tensor) -> torch.Tensor:
+        """Unscaled storage ``t`` in the compute dtype (widened: a bf16 pool, float32 model)."""
+        return t if t.dtype == self.layout.dtype else t.to(self.layout.dtype)
 
     def gather_kv(self, layer: int, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of pages ``page_ids`` (integer tensor ``[...]``), each ``[..., page_size,
@@ -301,9 +304,7 @@ class KVPool:
                 and bool((idx[1:] - idx[:-1] == 1).all())):
             first = int(idx[0])
             k, v = grp.raw[i, :, first:first + idx.numel()].unbind(0)   # [n, S, H, D]
-            if k.dtype != self.layout.dtype:                              # stored narrower
-                k, v = k.to(self.layout.dtype), v.to(self.layout.dtype)
-            return k, v
+            return self._widened(k), self._widened(v)
         return self._gather(grp, i, 0, page_ids), self._gather(grp, i, 1, page_ids)
 
     def copy_pages(self, src: list[int], dst: list[int]) -> None:

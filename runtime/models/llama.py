@@ -199,10 +199,11 @@ class LlamaModel(nn.Module):
             if native is not None and native.serves(batch, pool, backend) else None   # layers in C
         if step is not None:                                    # every layer in one call
             x = native.run(x, step, between_layers)
-        for i, layer in enumerate(self.layers if step is None else ()):
-            x = layer(x, batch, local if layer.self_attn.window else rope, pool, backend)
-            if between_layers is not None and i < last:
-                between_layers()
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, batch, local if layer.self_attn.window else rope, pool, backend)
+                if between_layers is not None and i < last:
+                    between_layers()
         x = self.norm(x[batch.logits_indices])                  # [N, hidden]
         logits = self.lm_head(x).float()                        # [N, V]
         cap = self.config.final_softcap

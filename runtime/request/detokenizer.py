@@ -26,10 +26,8 @@ class OutputText:
 
     def __init__(self, tokenizer, stop: Sequence[str] = (), include_stop: bool = False,
                  skip_special_tokens: bool = True):
-        self.tokenizer = tokenizer
         self.stop = list(stop)
         self.include_stop = include_stop
-        self.skip_special = skip_special_tokens
         self._decode = text_decoder(tokenizer, skip_special_tokens)
         self.ids: list[int] = []
         self.text = ""
